@@ -1,0 +1,49 @@
+# AgentNest: one entry point.  `make demo` and `make test` do all set-up on a
+# fresh Debian machine (root) and are safe to rerun.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+
+.PHONY: demo test unit integration escapes lint bench engine image venv clean
+
+demo: engine venv image
+	$(BIN)/agentnest demo
+
+test: engine venv image lint
+	AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q tests
+
+unit: venv
+	$(BIN)/pytest -q tests/unit
+
+integration: engine venv image
+	$(BIN)/pytest -q tests/integration
+
+escapes: engine venv image
+	$(BIN)/pytest -q -m escapes tests
+
+lint: venv
+	$(BIN)/ruff check agentnest tests benchmarks
+	$(BIN)/ruff format --check agentnest tests benchmarks
+	$(BIN)/mypy
+
+bench: engine venv image
+	$(BIN)/python benchmarks/bench.py
+
+engine:
+	bash scripts/setup-engine.sh
+
+image: engine venv
+	$(BIN)/agentnest image base
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,58 @@
+"""AgentNest: disposable, policy-controlled sandboxes for AI agents."""
+
+from ._version import __version__
+from .config import ExecutionChunk, ExecutionResult, FileInfo, ResourceLimits, SandboxConfig
+from .errors import (
+    AgentNestError,
+    BackendError,
+    ChannelError,
+    ConfigurationError,
+    ExecutionError,
+    ExecutionTimeoutError,
+    FileAccessError,
+    ImageNotFoundError,
+    MissingDependencyError,
+    PolicyDeniedError,
+    PoolExhaustedError,
+    RuntimeNotAvailableError,
+    SandboxDestroyedError,
+    UnsupportedCapabilityError,
+)
+from .events import EventType, MemoryObserver, SandboxEvent
+from .guard import ApprovalRequest
+from .policy import NetworkMode, NetworkPolicy, SecurityPolicy
+from .sandbox import ExecutionStream, Sandbox
+from .secrets import Secret
+
+__all__ = [
+    "AgentNestError",
+    "ApprovalRequest",
+    "BackendError",
+    "ChannelError",
+    "ConfigurationError",
+    "EventType",
+    "ExecutionChunk",
+    "ExecutionError",
+    "ExecutionResult",
+    "ExecutionStream",
+    "ExecutionTimeoutError",
+    "FileAccessError",
+    "FileInfo",
+    "ImageNotFoundError",
+    "MemoryObserver",
+    "MissingDependencyError",
+    "NetworkMode",
+    "NetworkPolicy",
+    "PolicyDeniedError",
+    "PoolExhaustedError",
+    "ResourceLimits",
+    "RuntimeNotAvailableError",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxDestroyedError",
+    "SandboxEvent",
+    "Secret",
+    "SecurityPolicy",
+    "UnsupportedCapabilityError",
+    "__version__",
+]

@@ -1,0 +1,230 @@
+"""Running commands: spawn, collect output, time out, kill whole process trees.
+
+Each command runs in its own session (``setsid``), so its process group is
+its own.  The agent is a child subreaper, so orphaned descendants are
+reparented to it and reaped (no zombies pile up).  Every command's
+environment carries a marker, ``AGENTNEST_EXEC``; a tree kill takes every
+process that descends from the command, shares its session or process group,
+or carries its marker -- which catches the double-forked daemon that called
+``setsid`` and was reparented away.  Killing is SIGKILL, repeated until a scan
+finds nothing: SIGTERM could be ignored and the command has already had its
+time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Dict, List, Optional, Set, Tuple
+
+MARKER = "AGENTNEST_EXEC"
+#: After the main process exits, how long to keep reading output that its
+#: still-running background children may hold open before reporting.
+DRAIN_GRACE = 0.1
+
+
+def set_subreaper() -> bool:
+    """Make this process the reaper of orphaned descendants (Linux only)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # PR_SET_CHILD_SUBREAPER
+    except Exception:  # pragma: no cover - non-Linux or no ctypes
+        return False
+
+
+class Command:
+    """One running command and the bookkeeping to report it."""
+
+    __slots__ = (
+        "id",
+        "proc",
+        "pid",
+        "fds",
+        "stdin_fd",
+        "stdin_queue",
+        "stdin_eof",
+        "deadline",
+        "limit",
+        "sent",
+        "truncated",
+        "timed_out",
+        "killed",
+        "started",
+        "status",
+        "exited_at",
+        "marker",
+    )
+
+    def __init__(self, cid: int, proc: "subprocess.Popen[bytes]", marker: str, limit: int) -> None:
+        self.id = cid
+        self.proc = proc
+        self.pid = proc.pid
+        self.fds: Dict[int, int] = {}
+        self.stdin_fd: Optional[int] = None
+        self.stdin_queue: List[bytes] = []
+        self.stdin_eof = False
+        self.deadline: Optional[float] = None
+        self.limit = limit
+        self.sent = 0
+        self.truncated = False
+        self.timed_out = False
+        self.killed = False
+        self.started = time.monotonic()
+        self.status: Optional[int] = None
+        self.exited_at: Optional[float] = None
+        self.marker = marker
+
+    def done(self) -> bool:
+        if self.status is None:
+            return False
+        if not self.fds:
+            return True
+        return self.exited_at is not None and time.monotonic() - self.exited_at >= DRAIN_GRACE
+
+    def take(self, data: bytes) -> bytes:
+        """Apply the output budget; return the part that may be sent."""
+        room = self.limit - self.sent
+        if room <= 0:
+            self.truncated = True
+            return b""
+        if len(data) > room:
+            self.truncated = True
+            data = data[:room]
+        self.sent += len(data)
+        return data
+
+    def exit_fields(self) -> Tuple[Optional[int], Optional[int]]:
+        status = self.status if self.status is not None else 0
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            return 128 + sig, sig
+        if os.WIFEXITED(status):
+            return os.WEXITSTATUS(status), None
+        return -1, None
+
+
+def spawn(
+    cid: int,
+    argv: List[str],
+    env: Dict[str, str],
+    cwd: str,
+    want_stdin: bool,
+    limit: int,
+    token: str,
+) -> Command:
+    """Start a command in a new session with piped output."""
+    marker = "%s-%d" % (token, cid)
+    full_env = dict(env)
+    full_env[MARKER] = marker
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env=full_env,
+        start_new_session=True,
+        close_fds=True,
+    )
+    cmd = Command(cid, proc, marker, limit)
+    assert proc.stdout is not None and proc.stderr is not None
+    for stream, fd_no in ((proc.stdout, 1), (proc.stderr, 2)):
+        fd = stream.fileno()
+        os.set_blocking(fd, False)
+        _grow_pipe(fd)
+        cmd.fds[fd] = fd_no
+    if proc.stdin is not None:
+        cmd.stdin_fd = proc.stdin.fileno()
+        os.set_blocking(cmd.stdin_fd, False)
+    return cmd
+
+
+def _grow_pipe(fd: int) -> None:
+    # Bigger pipes mean fewer wakeups and frames for bulk output.
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, 1031, 1024 * 1024)  # F_SETPIPE_SZ
+    except OSError:
+        pass
+
+
+def _proc_stat(pid: str) -> Optional[Tuple[int, int, int]]:
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        if fields[0] in (b"Z", b"X"):
+            return None  # already dead; the main loop reaps it
+        return int(fields[1]), int(fields[2]), int(fields[3])  # ppid, pgrp, session
+    except (IndexError, ValueError):
+        return None
+
+
+def _has_marker(pid: str, marker: bytes) -> bool:
+    try:
+        with open("/proc/%s/environ" % pid, "rb") as f:
+            return marker in f.read().split(b"\x00")
+    except OSError:
+        return False
+
+
+def tree(root: int, marker: str) -> Set[int]:
+    """Every live process that belongs to the command rooted at ``root``."""
+    me = os.getpid()
+    needle = ("%s=%s" % (MARKER, marker)).encode()
+    parents: Dict[int, int] = {}
+    members: Set[int] = set()
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        pids = []
+    for p in pids:
+        pid = int(p)
+        if pid in (me, 1):
+            continue
+        st = _proc_stat(p)
+        if st is None:
+            continue
+        ppid, pgrp, sid = st
+        parents[pid] = ppid
+        if pid == root or pgrp == root or sid == root or _has_marker(p, needle):
+            members.add(pid)
+    # Descendants of any member (a child that cleared its environment and
+    # started a new session is still below its parent until that exits).
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parents.items():
+            if pid not in members and ppid in members:
+                members.add(pid)
+                changed = True
+    return members
+
+
+def kill_tree(root: int, marker: str) -> int:
+    """SIGKILL the command's whole tree; return how many processes were hit."""
+    hit = 0
+    try:
+        os.killpg(root, signal.SIGKILL)
+    except OSError:
+        pass
+    for _ in range(50):
+        members = tree(root, marker)
+        if not members:
+            break
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                hit += 1
+            except OSError:
+                pass
+    return hit

@@ -1,0 +1,333 @@
+"""File operations inside the sandbox, confined to the workspace.
+
+Every path is walked one component at a time from a descriptor of the
+workspace root with ``O_NOFOLLOW``: a symlink anywhere on the way is refused
+rather than followed, and because each step opens relative to the previous
+descriptor, swapping a directory for a symlink between a check and a use (the
+classic TOCTOU race) cannot redirect the operation.  The final open adds
+``O_NONBLOCK`` so that a planted FIFO cannot hang the agent, and the opened
+object must be a regular file.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+CHUNK = 1024 * 1024
+
+
+class FileError(Exception):
+    """A refused or failed file operation; ``code`` is a stable wire code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def split(rel: str) -> List[str]:
+    """Validate a workspace-relative path; return its components.
+
+    The host already normalises paths; the agent checks again because the
+    protocol must be safe on its own.
+    """
+    if not isinstance(rel, str) or "\x00" in rel:
+        raise FileError("invalid_path", "path must be a string without NUL bytes")
+    if rel in ("", "."):
+        return []
+    if rel.startswith("/"):
+        raise FileError("outside_workspace", f"{rel!r} is absolute")
+    parts = rel.split("/")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise FileError("outside_workspace", f"{rel!r} is not a normalised path")
+        if len(part.encode("utf-8", "surrogateescape")) > 255:
+            raise FileError("invalid_path", f"a component of {rel!r} is longer than 255 bytes")
+    return parts
+
+
+def _oserror(exc: OSError, rel: str) -> FileError:
+    import errno
+
+    code = {
+        errno.ENOENT: "not_found",
+        errno.ELOOP: "symlink",
+        errno.ENOTDIR: "not_directory",
+        errno.EISDIR: "is_directory",
+        errno.EEXIST: "exists",
+        errno.ENOTEMPTY: "not_empty",
+        errno.EACCES: "permission",
+        errno.EPERM: "permission",
+        errno.ENOSPC: "no_space",
+        errno.EDQUOT: "no_space",
+        errno.EFBIG: "too_large",
+        errno.ENXIO: "not_regular",
+        errno.ENAMETOOLONG: "invalid_path",
+        errno.EROFS: "permission",
+    }.get(exc.errno or 0, "io")
+    if code == "symlink":
+        return FileError(code, f"{rel!r}: a symlink is on the path; the file API does not follow links")
+    return FileError(code, f"{rel!r}: {os.strerror(exc.errno or 0)}")
+
+
+class Workspace:
+    """The workspace root and the operations on paths below it."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._root_fd: Optional[int] = None
+        self._writes: Dict[int, Tuple[int, int, str, str, int]] = {}
+
+    def root_fd(self) -> int:
+        if self._root_fd is None:
+            self._root_fd = os.open(self.root, _DIR_FLAGS)
+        return self._root_fd
+
+    def _walk(self, parts: List[str], rel: str, create: bool = False) -> int:
+        """Open the directory holding ``parts[-1]``; the caller closes it."""
+        fd = os.dup(self.root_fd())
+        try:
+            for part in parts[:-1]:
+                try:
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+        except OSError as exc:
+            os.close(fd)
+            raise _oserror(exc, rel) from None
+        return fd
+
+    # -- reads -----------------------------------------------------------
+
+    def read(self, rel: str, max_bytes: int) -> Iterator[bytes]:
+        """Yield the file's contents in chunks; refuse more than max_bytes."""
+        parts = split(rel)
+        if not parts:
+            raise FileError("is_directory", "the workspace root is a directory")
+        pfd = self._walk(parts, rel)
+        try:
+            try:
+                fd = os.open(parts[-1], _READ_FLAGS, dir_fd=pfd)
+            except OSError as exc:
+                raise _oserror(exc, rel) from None
+        finally:
+            os.close(pfd)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise FileError("is_directory", f"{rel!r} is a directory")
+            if not stat.S_ISREG(st.st_mode):
+                raise FileError("not_regular", f"{rel!r} is not a regular file")
+            if st.st_size > max_bytes:
+                raise FileError(
+                    "too_large", f"{rel!r} is {st.st_size} bytes, over the limit of {max_bytes}"
+                )
+            os.set_blocking(fd, True)
+            total = 0
+            while True:
+                chunk = os.read(fd, CHUNK)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > max_bytes:
+                    # The file grew while we read it.
+                    raise FileError("too_large", f"{rel!r} grew past the limit of {max_bytes}")
+                yield chunk
+        finally:
+            os.close(fd)
+
+    def stat(self, rel: str) -> List[Any]:
+        parts = split(rel)
+        if not parts:
+            st = os.fstat(self.root_fd())
+            return _entry(".", st)
+        pfd = self._walk(parts, rel)
+        try:
+            st = os.stat(parts[-1], dir_fd=pfd, follow_symlinks=False)
+        except OSError as exc:
+            raise _oserror(exc, rel) from None
+        finally:
+            os.close(pfd)
+        return _entry(rel, st)
+
+    def list(self, rel: str, recursive: bool, max_entries: int) -> Tuple[List[List[Any]], bool]:
+        parts = split(rel)
+        if parts:
+            pfd = self._walk(parts, rel)
+            try:
+                dfd = os.open(parts[-1], _DIR_FLAGS, dir_fd=pfd)
+            except OSError as exc:
+                raise _oserror(exc, rel) from None
+            finally:
+                os.close(pfd)
+        else:
+            dfd = os.dup(self.root_fd())
+        out: List[List[Any]] = []
+        prefix = rel + "/" if parts else ""
+        try:
+            truncated = self._list_fd(dfd, prefix, recursive, max_entries, out)
+        finally:
+            os.close(dfd)
+        return out, truncated
+
+    def _list_fd(
+        self, dfd: int, prefix: str, recursive: bool, max_entries: int, out: List[List[Any]]
+    ) -> bool:
+        with os.scandir(dfd) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            if len(out) >= max_entries:
+                return True
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            path = prefix + entry.name
+            out.append(_entry(path, st))
+            if recursive and stat.S_ISDIR(st.st_mode):
+                try:
+                    sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
+                except OSError:
+                    continue
+                try:
+                    if self._list_fd(sub, path + "/", True, max_entries, out):
+                        return True
+                finally:
+                    os.close(sub)
+        return False
+
+    # -- writes ----------------------------------------------------------
+
+    def write_chunk(self, wid: int, rel: str, mode: int, data: bytes, first: bool, last: bool) -> int:
+        """Write a file in chunks, atomically: a temp file renamed into place.
+
+        Returns the number of bytes written so far.
+        """
+        if first:
+            self.abort_write(wid)
+            parts = split(rel)
+            if not parts:
+                raise FileError("is_directory", "the workspace root is a directory")
+            pfd = self._walk(parts, rel, create=True)
+            tmp = ".%s.agentnest-%d.tmp" % (parts[-1][:200], wid)
+            try:
+                fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=pfd)
+            except OSError as exc:
+                os.close(pfd)
+                raise _oserror(exc, rel) from None
+            self._writes[wid] = (pfd, fd, tmp, parts[-1], 0)
+        if wid not in self._writes:
+            raise FileError("protocol", "write chunk for a write that was not opened")
+        pfd, fd, tmp, name, written = self._writes[wid]
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            written += len(data)
+            self._writes[wid] = (pfd, fd, tmp, name, written)
+            if last:
+                os.fchmod(fd, mode & 0o7777 & ~0o6000)  # never setuid/setgid
+                os.close(fd)
+                fd = -1
+                os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+                del self._writes[wid]
+                os.close(pfd)
+        except OSError as exc:
+            self.abort_write(wid)
+            raise _oserror(exc, rel) from None
+        return written
+
+    def writing(self, wid: int) -> bool:
+        return wid in self._writes
+
+    def abort_write(self, wid: int) -> None:
+        state = self._writes.pop(wid, None)
+        if state is None:
+            return
+        pfd, fd, tmp, _name, _ = state
+        for closer in (lambda: os.close(fd), lambda: os.unlink(tmp, dir_fd=pfd), lambda: os.close(pfd)):
+            try:
+                closer()
+            except OSError:
+                pass
+
+    def mkdir(self, rel: str, parents: bool) -> None:
+        parts = split(rel)
+        if not parts:
+            return
+        pfd = self._walk(parts, rel, create=parents)
+        try:
+            os.mkdir(parts[-1], 0o755, dir_fd=pfd)
+        except FileExistsError:
+            if not parents:
+                raise FileError("exists", f"{rel!r} already exists") from None
+        except OSError as exc:
+            raise _oserror(exc, rel) from None
+        finally:
+            os.close(pfd)
+
+    def remove(self, rel: str, recursive: bool) -> None:
+        parts = split(rel)
+        if not parts:
+            raise FileError("invalid_path", "refusing to remove the workspace root")
+        pfd = self._walk(parts, rel)
+        try:
+            st = os.stat(parts[-1], dir_fd=pfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                if not recursive:
+                    try:
+                        os.rmdir(parts[-1], dir_fd=pfd)
+                    except OSError as exc:
+                        raise _oserror(exc, rel) from None
+                    return
+                _rmtree_at(pfd, parts[-1])
+            else:
+                os.unlink(parts[-1], dir_fd=pfd)
+        except OSError as exc:
+            raise _oserror(exc, rel) from None
+        finally:
+            os.close(pfd)
+
+
+def _rmtree_at(pfd: int, name: str) -> None:
+    """Remove a directory tree through descriptors only, never following links."""
+    dfd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+    try:
+        with os.scandir(dfd) as it:
+            entries = list(it)
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                _rmtree_at(dfd, entry.name)
+            else:
+                os.unlink(entry.name, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    os.rmdir(name, dir_fd=pfd)
+
+
+def _entry(path: str, st: os.stat_result) -> List[Any]:
+    mode = st.st_mode
+    if stat.S_ISDIR(mode):
+        kind = "dir"
+    elif stat.S_ISREG(mode):
+        kind = "file"
+    elif stat.S_ISLNK(mode):
+        kind = "symlink"
+    else:
+        kind = "other"
+    return [path, kind, st.st_size, stat.S_IMODE(mode), st.st_mtime]

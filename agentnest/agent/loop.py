@@ -1,0 +1,383 @@
+"""The agent's event loop: one thread, one selector, frames in and out.
+
+The agent reads frames from fd 0 and writes frames to fd 1.  It trusts the
+host (the host is the one that started it); the host does not trust it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import selectors
+import signal
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from . import exec as execmod
+from . import files, wire
+
+AGENT_VERSION = "0.4.0"
+CAPABILITIES = ["exec", "stream", "stdin", "files", "tree-kill"]
+#: Largest body the agent puts in one output frame.
+OUT_CHUNK = 256 * 1024
+#: Largest file read served, unless the request asks for less.
+DEFAULT_MAX_READ = 64 * 1024 * 1024
+
+
+class Agent:
+    def __init__(self, rfd: int = 0, wfd: int = 1) -> None:
+        self.rfd = rfd
+        self.wfd = wfd
+        self.decoder = wire.Decoder(max_body_bytes=16 * 1024 * 1024)
+        self.sel = selectors.DefaultSelector()
+        self.commands: Dict[int, execmod.Command] = {}
+        self.by_pid: Dict[int, execmod.Command] = {}
+        self.fd_owner: Dict[int, execmod.Command] = {}
+        self.workspace = files.Workspace(os.environ.get("AGENTNEST_WORKSPACE", os.getcwd()))
+        self.token = secrets.token_hex(6)
+        self.running = True
+        self.base_env = {
+            k: v for k, v in os.environ.items() if not k.startswith("AGENTNEST_")
+        }
+        self.subreaper = False
+        self._wake_r, self._wake_w = os.pipe()
+
+    # -- output ----------------------------------------------------------
+
+    def send(self, header: Dict[str, Any], body: bytes = b"") -> None:
+        data = memoryview(wire.encode(header, body))
+        while data:
+            try:
+                n = os.write(self.wfd, data)
+            except (BlockingIOError, InterruptedError):
+                # stdin and stdout may share one non-blocking file description
+                # (a socket): wait until the host drains.
+                select.select([], [self.wfd], [], 1.0)
+                continue
+            except BrokenPipeError:
+                self.running = False
+                return
+            data = data[n:]
+
+    def error(self, rid: Optional[int], code: str, message: str) -> None:
+        self.send({"t": "error", "id": rid, "code": code, "message": message[:4000]})
+
+    # -- main loop -------------------------------------------------------
+
+    def run(self) -> None:
+        self.subreaper = execmod.set_subreaper()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        os.set_blocking(self.rfd, False)
+        self.sel.register(self.rfd, selectors.EVENT_READ, "host")
+        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self.send(
+            {
+                "t": "hello",
+                "v": wire.PROTOCOL_VERSION,
+                "agent": AGENT_VERSION,
+                "pid": os.getpid(),
+                "uid": os.getuid(),
+                "gid": os.getgid(),
+                "python": "%d.%d.%d" % sys.version_info[:3],
+                "workspace": self.workspace.root,
+                "subreaper": self.subreaper,
+                "caps": CAPABILITIES,
+            }
+        )
+        while self.running:
+            timeout = self._next_timeout()
+            for key, mask in self.sel.select(timeout):
+                tag = key.data
+                if tag == "host":
+                    self._read_host()
+                elif tag == "wake":
+                    self._drain_wake()
+                elif tag == "stdin":
+                    self._pump_stdin(self.fd_owner[key.fd])
+                else:
+                    self._read_output(key.fd)
+            self._reap()
+            self._check_deadlines()
+        for cmd in list(self.commands.values()):
+            execmod.kill_tree(cmd.pid, cmd.marker)
+
+    def _next_timeout(self) -> Optional[float]:
+        now = time.monotonic()
+        best: Optional[float] = None
+        for cmd in self.commands.values():
+            for when in (cmd.deadline, cmd.exited_at and cmd.exited_at + execmod.DRAIN_GRACE):
+                if when:
+                    wait = max(0.0, when - now)
+                    best = wait if best is None else min(best, wait)
+        return best
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def _read_host(self) -> None:
+        try:
+            data = os.read(self.rfd, 4 * 1024 * 1024)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not data:
+            self.running = False
+            return
+        self.decoder.feed(data)
+        try:
+            frames = self.decoder.frames()
+        except wire.WireError as exc:
+            self.error(None, "protocol", str(exc))
+            self.running = False
+            return
+        for header, body in frames:
+            try:
+                self.handle(header, body)
+            except files.FileError as exc:
+                self.error(header.get("id"), exc.code, exc.message)
+            except Exception as exc:  # keep serving: one bad request must not kill the agent
+                self.error(header.get("id"), "internal", "%s: %s" % (type(exc).__name__, exc))
+
+    # -- requests --------------------------------------------------------
+
+    def handle(self, h: Dict[str, Any], body: bytes) -> None:
+        kind = h["t"]
+        rid = h.get("id")
+        if kind == "exec":
+            self._exec(h)
+        elif kind == "stdin":
+            cmd = self.commands.get(rid or -1)
+            if cmd is not None and cmd.stdin_fd is not None:
+                if body:
+                    cmd.stdin_queue.append(body)
+                if h.get("eof"):
+                    cmd.stdin_eof = True
+                self._pump_stdin(cmd)
+        elif kind == "cancel":
+            cmd = self.commands.get(rid or -1)
+            if cmd is not None and cmd.status is None:
+                cmd.killed = True
+                execmod.kill_tree(cmd.pid, cmd.marker)
+        elif kind == "signal":
+            cmd = self.commands.get(rid or -1)
+            sig = h.get("sig")
+            if cmd is not None and cmd.status is None and isinstance(sig, int):
+                try:
+                    os.killpg(cmd.pid, sig)
+                except OSError:
+                    pass
+        elif kind == "write":
+            if not h.get("first") and not self.workspace.writing(rid or 0):
+                return  # the first chunk failed and was reported; drop the rest
+            written = self.workspace.write_chunk(
+                rid or 0,
+                h.get("path", ""),
+                int(h.get("mode", 0o644)),
+                body,
+                bool(h.get("first")),
+                bool(h.get("last")),
+            )
+            if h.get("last"):
+                self.send({"t": "done", "id": rid, "size": written})
+        elif kind == "abort":
+            self.workspace.abort_write(rid or 0)
+        elif kind == "read":
+            limit = int(h.get("max_bytes", DEFAULT_MAX_READ))
+            total = 0
+            for chunk in self.workspace.read(h.get("path", ""), limit):
+                total += len(chunk)
+                self.send({"t": "data", "id": rid}, chunk)
+            self.send({"t": "done", "id": rid, "size": total})
+        elif kind == "list":
+            entries, truncated = self.workspace.list(
+                h.get("path", ""), bool(h.get("recursive")), int(h.get("max_entries", 10000))
+            )
+            self.send({"t": "done", "id": rid, "entries": entries, "truncated": truncated})
+        elif kind == "stat":
+            self.send({"t": "done", "id": rid, "entry": self.workspace.stat(h.get("path", ""))})
+        elif kind == "mkdir":
+            self.workspace.mkdir(h.get("path", ""), bool(h.get("parents")))
+            self.send({"t": "done", "id": rid})
+        elif kind == "remove":
+            self.workspace.remove(h.get("path", ""), bool(h.get("recursive")))
+            self.send({"t": "done", "id": rid})
+        elif kind == "ping":
+            self.send({"t": "pong", "id": rid})
+        elif kind == "shutdown":
+            self.running = False
+        else:
+            self.error(rid, "unknown", "unknown request type %r" % kind)
+
+    def _exec(self, h: Dict[str, Any]) -> None:
+        rid = h["id"]
+        if rid in self.commands:
+            self.error(rid, "protocol", "request id %d is already running" % rid)
+            return
+        argv = h.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            self.error(rid, "invalid", "argv must be a non-empty list of strings")
+            return
+        env = dict(self.base_env)
+        env.update({str(k): str(v) for k, v in (h.get("env") or {}).items()})
+        cwd = h.get("cwd") or self.workspace.root
+        limit = int(h.get("max_output", 1 << 62))
+        try:
+            cmd = execmod.spawn(rid, argv, env, cwd, bool(h.get("stdin")), limit, self.token)
+        except OSError as exc:
+            # Report like a shell would: 127 not found, 126 not executable.
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            what = exc.filename if exc.filename else argv[0]
+            msg = "agentnest: %s: %s\n" % (what, exc.strerror or exc)
+            if isinstance(exc, FileNotFoundError) and exc.filename == cwd:
+                msg = "agentnest: working directory %s does not exist\n" % cwd
+            self.send({"t": "out", "id": rid, "fd": 2}, msg.encode())
+            self.send({"t": "exit", "id": rid, "code": code, "signal": None, "timed_out": False,
+                       "truncated": False, "duration": 0.0, "spawn_error": True})
+            return
+        timeout = h.get("timeout")
+        if isinstance(timeout, (int, float)) and timeout > 0:
+            cmd.deadline = cmd.started + float(timeout)
+        self.commands[rid] = cmd
+        self.by_pid[cmd.pid] = cmd
+        for fd in cmd.fds:
+            self.fd_owner[fd] = cmd
+            self.sel.register(fd, selectors.EVENT_READ, "out")
+        if cmd.stdin_fd is not None:
+            self.fd_owner[cmd.stdin_fd] = cmd
+
+    def _pump_stdin(self, cmd: execmod.Command) -> None:
+        fd = cmd.stdin_fd
+        if fd is None:
+            return
+        while cmd.stdin_queue:
+            chunk = cmd.stdin_queue[0]
+            try:
+                n = os.write(fd, chunk)
+            except BlockingIOError:
+                break
+            except OSError:  # reader went away
+                cmd.stdin_queue.clear()
+                cmd.stdin_eof = True
+                break
+            if n < len(chunk):
+                cmd.stdin_queue[0] = chunk[n:]
+            else:
+                cmd.stdin_queue.pop(0)
+        registered = fd in self.sel.get_map()
+        if cmd.stdin_queue and not registered:
+            self.sel.register(fd, selectors.EVENT_WRITE, "stdin")
+        elif not cmd.stdin_queue:
+            if registered:
+                self.sel.unregister(fd)
+            if cmd.stdin_eof:
+                self._close_stdin(cmd)
+
+    def _close_stdin(self, cmd: execmod.Command) -> None:
+        fd = cmd.stdin_fd
+        if fd is None:
+            return
+        if fd in self.sel.get_map():
+            self.sel.unregister(fd)
+        self.fd_owner.pop(fd, None)
+        cmd.stdin_fd = None
+        if cmd.proc.stdin is not None:
+            try:
+                cmd.proc.stdin.close()
+            except OSError:
+                pass
+
+    def _read_output(self, fd: int) -> None:
+        cmd = self.fd_owner.get(fd)
+        if cmd is None:
+            return
+        try:
+            data = os.read(fd, OUT_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_output(cmd, fd)
+            return
+        out = cmd.take(data)
+        if out:
+            self.send({"t": "out", "id": cmd.id, "fd": cmd.fds[fd]}, out)
+
+    def _close_output(self, cmd: execmod.Command, fd: int) -> None:
+        try:
+            self.sel.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+        self.fd_owner.pop(fd, None)
+        cmd.fds.pop(fd, None)
+        for stream in (cmd.proc.stdout, cmd.proc.stderr):
+            if stream is not None and not stream.closed and stream.fileno() == fd:
+                stream.close()
+
+    # -- process lifecycle -------------------------------------------------
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            cmd = self.by_pid.pop(pid, None)
+            if cmd is not None:
+                cmd.status = status
+                cmd.exited_at = time.monotonic()
+                cmd.proc.returncode = status  # tell Popen it is reaped
+                if cmd.stdin_fd is not None:
+                    self._close_stdin(cmd)
+            # Any other pid is an orphan reparented to us: reaping it is the point.
+        for cmd in list(self.commands.values()):
+            if cmd.done():
+                self._finish(cmd)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for cmd in list(self.commands.values()):
+            if cmd.deadline is not None and now >= cmd.deadline and not cmd.timed_out:
+                cmd.timed_out = True
+                execmod.kill_tree(cmd.pid, cmd.marker)
+                # Whatever escaped the kill must not hold the reply back.
+                cmd.deadline = None
+
+    def _finish(self, cmd: execmod.Command) -> None:
+        for fd in list(cmd.fds):
+            # Drain what is already buffered, then let go of pipes that
+            # background processes may still hold.
+            while fd in cmd.fds:
+                before = cmd.sent
+                self._read_output(fd)
+                if fd in cmd.fds and cmd.sent == before:
+                    self._close_output(cmd, fd)
+        code, sig = cmd.exit_fields()
+        del self.commands[cmd.id]
+        self.send(
+            {
+                "t": "exit",
+                "id": cmd.id,
+                "code": code,
+                "signal": sig,
+                "timed_out": cmd.timed_out,
+                "cancelled": cmd.killed,
+                "truncated": cmd.truncated,
+                "duration": time.monotonic() - cmd.started,
+            }
+        )
+
+
+def main() -> None:
+    Agent().run()

@@ -1,0 +1,383 @@
+"""The host's end of the agent channel (blocking).
+
+One :class:`Channel` talks to one agent over one :class:`ByteStream`.  A
+reader thread decodes frames and hands each to the request that owns its id,
+so many commands, streams and file transfers interleave on one channel and
+threads may share it.
+
+Nothing the agent sends is trusted: frames are size-bounded by the decoder,
+every field is checked by :mod:`.protocol`, output is cut at the caller's
+limit, and every wait has a deadline.  An agent that breaks any of these is
+treated as gone: the channel closes and the owner starts a new one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import ChannelError, FileAccessError
+from .protocol import (
+    Frame,
+    Header,
+    Hello,
+    ProtocolViolation,
+    RawExit,
+    WireError,
+    encode,
+    error_fields,
+    new_decoder,
+    parse_exit,
+    parse_hello,
+)
+from .streams import ByteStream
+
+__all__ = ["Channel", "ExecHandle", "RawExit"]
+
+#: Size of one file-data frame sent to the agent.
+WRITE_CHUNK = 1024 * 1024
+_HELLO = 0
+_QUEUE_DEPTH = 256
+
+
+class _Pending:
+    __slots__ = ("q", "rid")
+
+    def __init__(self, rid: int) -> None:
+        self.rid = rid
+        self.q: queue.Queue[Frame | None] = queue.Queue(maxsize=_QUEUE_DEPTH)
+
+
+class Channel:
+    """A live connection to one agent.  Use :meth:`connect`."""
+
+    def __init__(self, stream: ByteStream) -> None:
+        self._stream = stream
+        self._decoder = new_decoder()
+        self._pending: dict[int, _Pending] = {}
+        self._lock = threading.Lock()
+        self._wlock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._broken: str | None = None
+        self._reader: threading.Thread | None = None
+        self.hello: Hello | None = None
+
+    @classmethod
+    def connect(cls, stream: ByteStream, bundle: bytes | None, timeout: float = 30.0) -> Channel:
+        """Send the agent bundle (if the far end waits for one) and await hello."""
+        ch = cls(stream)
+        waiter = ch._register(_HELLO)
+        ch._reader = threading.Thread(target=ch._read_loop, name="agentnest-channel", daemon=True)
+        ch._reader.start()
+        try:
+            if bundle:
+                with ch._wlock:
+                    stream.write(bundle)
+            item = ch._get(waiter, time.monotonic() + timeout, "the agent's hello")
+            ch.hello = parse_hello(item[0])
+        except (OSError, ProtocolViolation, ChannelError) as exc:
+            diag = stream.diagnostics().strip()
+            ch.close()
+            hint = f"; agent stderr: {diag[-800:]}" if diag else ""
+            raise ChannelError(f"could not start the in-sandbox agent: {exc}{hint}") from None
+        finally:
+            ch._unregister(waiter)
+        return ch
+
+    # -- plumbing ----------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self._broken is None
+
+    @property
+    def broken_reason(self) -> str | None:
+        return self._broken
+
+    def diagnostics(self) -> str:
+        return self._stream.diagnostics()
+
+    def close(self, reason: str = "channel closed") -> None:
+        self._fail(reason)
+        self._stream.close()
+
+    def _read_loop(self) -> None:
+        reason = "the agent closed the channel"
+        try:
+            while True:
+                data = self._stream.read(1024 * 1024)
+                if not data:
+                    break
+                self._decoder.feed(data)
+                for frame in self._decoder.frames():
+                    self._dispatch(frame)
+        except WireError as exc:
+            reason = f"the agent sent an invalid frame ({exc})"
+        except OSError as exc:
+            reason = f"the channel failed ({exc})"
+        self._fail(reason)
+        self._stream.close()
+
+    def _dispatch(self, frame: Frame) -> None:
+        header = frame[0]
+        rid = _HELLO if header["t"] == "hello" else header.get("id")
+        if rid is None:
+            return  # unsolicited (e.g. a log line): nothing to route
+        with self._lock:
+            pending = self._pending.get(rid)
+        while pending is not None:
+            try:
+                pending.q.put(frame, timeout=0.5)
+                return
+            except queue.Full:
+                # Backpressure: the consumer is slow.  Give up only if the
+                # request was abandoned meanwhile.
+                with self._lock:
+                    if self._pending.get(rid) is not pending:
+                        return
+
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            if self._broken is None:
+                self._broken = reason
+            waiting = list(self._pending.values())
+        for p in waiting:
+            while True:
+                try:
+                    p.q.put_nowait(None)
+                    break
+                except queue.Full:
+                    try:
+                        p.q.get_nowait()
+                    except queue.Empty:
+                        pass
+
+    def _register(self, rid: int | None = None) -> _Pending:
+        with self._lock:
+            if self._broken is not None:
+                raise ChannelError(f"the agent channel is closed: {self._broken}")
+            if rid is None:
+                rid = next(self._ids)
+            p = _Pending(rid)
+            self._pending[rid] = p
+        return p
+
+    def _unregister(self, p: _Pending) -> None:
+        with self._lock:
+            if self._pending.get(p.rid) is p:
+                del self._pending[p.rid]
+
+    def send(self, header: Header, body: bytes = b"") -> None:
+        data = encode(header, body)
+        try:
+            with self._wlock:
+                self._stream.write(data)
+        except OSError as exc:
+            self._fail(f"writing to the agent failed ({exc})")
+            raise ChannelError(f"the agent channel is closed: {self._broken}") from None
+
+    def _get(self, p: _Pending, deadline: float | None, what: str) -> Frame:
+        while True:
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                raise self._timeout(what)
+            try:
+                item = p.q.get(timeout=wait)
+            except queue.Empty:
+                raise self._timeout(what) from None
+            if item is None:
+                raise ChannelError(f"the agent channel is closed: {self._broken}")
+            return item
+
+    def _timeout(self, what: str) -> ChannelError:
+        # An agent that misses a deadline is misbehaving: drop the channel so
+        # the owner starts a fresh agent instead of waiting on this one.
+        self.close("the agent stopped answering")
+        return ChannelError(f"the agent did not deliver {what} in time; the channel was reset")
+
+    # -- requests ----------------------------------------------------------
+
+    def request(self, header: dict[str, Any], deadline: float | None) -> Header:
+        """Send a one-shot request; return its ``done``/``pong`` reply header."""
+        p = self._register()
+        try:
+            header["id"] = p.rid
+            self.send(header)
+            reply, _ = self._get(p, deadline, f"a reply to {header['t']!r}")
+            _raise_if_error(reply, header.get("path"))
+            return reply
+        finally:
+            self._unregister(p)
+
+    def start_exec(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str | None,
+        timeout: float | None,
+        max_output: int,
+        stdin: bytes | None = None,
+        keep_stdin_open: bool = False,
+    ) -> ExecHandle:
+        p = self._register()
+        handle = ExecHandle(self, p, max_output)
+        header: dict[str, Any] = {
+            "t": "exec",
+            "id": p.rid,
+            "argv": argv,
+            "env": env,
+            "cwd": cwd,
+            "timeout": timeout,
+            "max_output": max_output,
+            "stdin": stdin is not None or keep_stdin_open,
+        }
+        try:
+            self.send(header)
+            if stdin:
+                for i in range(0, len(stdin), WRITE_CHUNK):
+                    self.send({"t": "stdin", "id": p.rid}, stdin[i : i + WRITE_CHUNK])
+            if stdin is not None and not keep_stdin_open:
+                self.send({"t": "stdin", "id": p.rid, "eof": True})
+        except BaseException:
+            self._unregister(p)
+            raise
+        return handle
+
+    def write_file(self, path: str, data: bytes, mode: int, deadline: float | None) -> int:
+        p = self._register()
+        try:
+            view = memoryview(data)
+            n = len(view)
+            offsets = list(range(0, n, WRITE_CHUNK)) or [0]
+            for i, off in enumerate(offsets):
+                self.send(
+                    {
+                        "t": "write",
+                        "id": p.rid,
+                        "path": path,
+                        "mode": mode,
+                        "first": i == 0,
+                        "last": i == len(offsets) - 1,
+                    },
+                    bytes(view[off : off + WRITE_CHUNK]),
+                )
+                if i % 8 == 7 and not p.q.empty():
+                    break  # an early error: stop sending
+            reply, _ = self._get(p, deadline, f"the write of {path!r}")
+            _raise_if_error(reply, path)
+            size = reply.get("size")
+            if not isinstance(size, int) or size != n:
+                raise ChannelError(f"the agent reported {size!r} bytes written for {path!r}, expected {n}")
+            return n
+        finally:
+            self._unregister(p)
+
+    def read_file(self, path: str, max_bytes: int, deadline: float | None) -> bytes:
+        p = self._register()
+        chunks: list[bytes] = []
+        total = 0
+        try:
+            self.send({"t": "read", "id": p.rid, "path": path, "max_bytes": max_bytes})
+            while True:
+                header, body = self._get(p, deadline, f"the contents of {path!r}")
+                kind = header["t"]
+                if kind == "data":
+                    total += len(body)
+                    if total > max_bytes:
+                        self.close("the agent sent more file data than allowed")
+                        raise ChannelError(f"the agent sent more than {max_bytes} bytes for {path!r}")
+                    chunks.append(body)
+                elif kind == "done":
+                    if header.get("size") != total:
+                        raise ChannelError(f"the agent's size for {path!r} does not match its data")
+                    return b"".join(chunks)
+                else:
+                    _raise_if_error(header, path)
+                    raise ChannelError(f"unexpected {kind!r:.30} frame while reading {path!r}")
+        finally:
+            self._unregister(p)
+
+
+def _raise_if_error(header: Header, path: str | None) -> None:
+    if header["t"] != "error":
+        return
+    code, message = error_fields(header)
+    if code in ("protocol", "internal", "unknown", "invalid"):
+        raise ChannelError(f"the agent refused the request ({code}): {message}")
+    raise FileAccessError(message, path=path, code=code)
+
+
+class ExecHandle:
+    """A running command: its output events, stdin and cancellation."""
+
+    def __init__(self, channel: Channel, pending: _Pending, max_output: int) -> None:
+        self._channel = channel
+        self._pending = pending
+        self._max = max_output
+        self._seen = 0
+        self.truncated = False
+        self.result: RawExit | None = None
+
+    @property
+    def id(self) -> int:
+        return self._pending.rid
+
+    def next_event(self, deadline: float | None) -> tuple[int, bytes] | RawExit:
+        """The next ``(fd, bytes)`` of output, or the :class:`RawExit` at the end."""
+        while True:
+            header, body = self._channel._get(self._pending, deadline, "the command's result")
+            kind = header["t"]
+            if kind == "out":
+                fd = header.get("fd")
+                if fd not in (1, 2):
+                    raise self._violation("output frame with an invalid fd")
+                room = self._max - self._seen
+                if len(body) > room:
+                    self.truncated = True
+                    body = body[: max(room, 0)]
+                self._seen += len(body)
+                if body:
+                    return fd, body
+            elif kind == "exit":
+                try:
+                    raw = parse_exit(header)
+                except ProtocolViolation as exc:
+                    raise self._violation(str(exc)) from None
+                self.result = raw
+                self._channel._unregister(self._pending)
+                return raw
+            elif kind == "error":
+                self._channel._unregister(self._pending)
+                _raise_if_error(header, None)
+            else:
+                raise self._violation(f"unexpected {kind!r:.30} frame during a command")
+
+    def events(self, deadline: float | None) -> Iterator[tuple[int, bytes] | RawExit]:
+        while self.result is None:
+            yield self.next_event(deadline)
+
+    def _violation(self, what: str) -> ChannelError:
+        self._channel.close(f"protocol violation: {what}")
+        return ChannelError(f"the agent broke the protocol: {what}")
+
+    def write_stdin(self, data: bytes, eof: bool = False) -> None:
+        for i in range(0, max(len(data), 1), WRITE_CHUNK):
+            last = i + WRITE_CHUNK >= len(data)
+            self._channel.send({"t": "stdin", "id": self.id, "eof": eof and last}, data[i : i + WRITE_CHUNK])
+
+    def cancel(self) -> None:
+        """Kill the command's whole process tree (the result still arrives)."""
+        if self.result is None and self._channel.alive:
+            try:
+                self._channel.send({"t": "cancel", "id": self.id})
+            except ChannelError:
+                pass
+
+    def abandon(self) -> None:
+        """Stop listening (after cancel, when the result no longer matters)."""
+        self._channel._unregister(self._pending)

@@ -1,0 +1,262 @@
+"""Frozen, validated configuration and result types.
+
+One fact, one field: these dataclasses are the single source of truth that the
+guard, the channel and every backend read.  They validate in
+``__post_init__`` so that an invalid value never reaches an engine.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from .errors import ConfigurationError, ExecutionError, ExecutionTimeoutError
+from .policy import NetworkPolicy
+from .secrets import Secret
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+
+
+def parse_size(value: int | str, what: str) -> int:
+    """Parse ``512m``, ``1g``, ``1.5GiB`` or a byte count into bytes."""
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{what} must be a size such as '512m' or a byte count, not a bool")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        m = _SIZE.match(value)
+        if not m:
+            raise ConfigurationError(
+                f"{what}={value!r} is not a size; write it like '512m', '2g' or 1048576"
+            )
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        raise ConfigurationError(f"{what} must be a size such as '512m' or an int, not {type(value).__name__}")
+    if n <= 0:
+        raise ConfigurationError(f"{what} must be positive, got {value!r}")
+    return n
+
+
+def format_size(n: int) -> str:
+    for unit, size in (("g", GiB), ("m", MiB), ("k", KiB)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLimits:
+    """Resource ceilings the engine enforces on a sandbox.
+
+    ``workspace`` and ``scratch`` are memory-backed filesystems (tmpfs): what
+    is stored there counts against ``memory``, which is why their sum must
+    leave room for processes.  The sandbox cannot fill the host's disk.
+    """
+
+    memory: int = 512 * MiB
+    """Memory ceiling in bytes (no swap)."""
+    cpus: float = 1.0
+    """CPU share, in cores."""
+    pids: int = 256
+    """Maximum number of processes and threads."""
+    workspace: int = 256 * MiB
+    """Size of the writable ``/workspace`` filesystem."""
+    scratch: int = 64 * MiB
+    """Size of the writable ``/tmp`` scratch filesystem."""
+    gpus: int = 0
+    """GPUs requested from the engine (0 for none)."""
+
+    @classmethod
+    def build(
+        cls,
+        memory: int | str = "512m",
+        cpus: float = 1.0,
+        pids: int = 256,
+        workspace: int | str = "256m",
+        scratch: int | str = "64m",
+        gpus: int = 0,
+    ) -> ResourceLimits:
+        """Build limits from human sizes (``"512m"``)."""
+        return cls(
+            memory=parse_size(memory, "memory"),
+            cpus=cpus,
+            pids=pids,
+            workspace=parse_size(workspace, "workspace_size"),
+            scratch=parse_size(scratch, "scratch_size"),
+            gpus=gpus,
+        )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.memory, int) or not 32 * MiB <= self.memory <= 1024 * GiB:
+            raise ConfigurationError(f"memory={self.memory!r} bytes is out of range; use 32m to 1024g")
+        if (
+            isinstance(self.cpus, bool)
+            or not isinstance(self.cpus, (int, float))
+            or not math.isfinite(self.cpus)
+            or not 0.01 <= self.cpus <= 512
+        ):
+            raise ConfigurationError(f"cpus={self.cpus!r} is out of range; use 0.01 to 512 cores")
+        if isinstance(self.pids, bool) or not isinstance(self.pids, int) or not 8 <= self.pids <= 65536:
+            raise ConfigurationError(f"pids={self.pids!r} is out of range; use 8 to 65536")
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or not 0 <= self.gpus <= 64:
+            raise ConfigurationError(f"gpus={self.gpus!r} is out of range; use 0 to 64")
+        for name in ("workspace", "scratch"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < MiB:
+                raise ConfigurationError(f"{name} size {v!r} is too small; use at least 1m")
+        if self.workspace + self.scratch > self.memory - 32 * MiB:
+            raise ConfigurationError(
+                f"workspace ({format_size(self.workspace)}) + scratch ({format_size(self.scratch)}) "
+                f"must leave at least 32m of memory ({format_size(self.memory)}) for processes, "
+                "because both live in memory; raise memory or lower workspace_size"
+            )
+
+
+def _freeze_env(env: Mapping[str, str | Secret] | None) -> Mapping[str, str | Secret]:
+    if env is None:
+        return MappingProxyType({})
+    if not isinstance(env, Mapping):
+        raise ConfigurationError("environment must be a mapping of names to str or Secret")
+    out: dict[str, str | Secret] = {}
+    for k, v in env.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise ConfigurationError(
+                f"environment name {k!r} is invalid; use letters, digits and '_', not starting with a digit"
+            )
+        if k.startswith("AGENTNEST_"):
+            raise ConfigurationError(f"environment name {k!r} is reserved (AGENTNEST_ prefix)")
+        if isinstance(v, Secret):
+            raw = v.get_secret_value()
+        elif isinstance(v, str):
+            raw = v
+        else:
+            raise ConfigurationError(f"environment[{k!r}] must be str or Secret, not {type(v).__name__}")
+        if "\x00" in raw:
+            raise ConfigurationError(f"environment[{k!r}] contains a NUL byte")
+        out[k] = v
+    return MappingProxyType(out)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxConfig:
+    """Everything a backend needs to create one sandbox."""
+
+    image: str
+    """Image reference (``name:tag`` or ``name@sha256:...``)."""
+    lifetime: float = 300.0
+    """Seconds until the sandbox stops itself, host alive or not."""
+    environment: Mapping[str, str | Secret] = field(default_factory=lambda: MappingProxyType({}))
+    """Environment of every command; ``Secret`` values are redacted from output."""
+    workdir: str = "/workspace"
+    """The workspace mount point and default working directory."""
+    network: NetworkPolicy = field(default_factory=NetworkPolicy.denied)
+    """Network policy; denied by default."""
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    """Resource ceilings."""
+    read_only_root: bool = True
+    """Mount the image's root filesystem read-only."""
+    user: str = "65532:65532"
+    """UID:GID the workload runs as."""
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Extra labels on every engine resource."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.image, str) or not self.image.strip() or any(c.isspace() for c in self.image):
+            raise ConfigurationError(f"image={self.image!r} is not an image reference like 'python:3.12-slim'")
+        if (
+            isinstance(self.lifetime, bool)
+            or not isinstance(self.lifetime, (int, float))
+            or not math.isfinite(self.lifetime)
+            or not 1 <= self.lifetime <= 7 * 24 * 3600
+        ):
+            raise ConfigurationError(f"timeout={self.lifetime!r} is out of range; use 1 to 604800 seconds")
+        object.__setattr__(self, "environment", _freeze_env(self.environment))
+        if not isinstance(self.workdir, str) or not self.workdir.startswith("/") or ".." in self.workdir.split("/"):
+            raise ConfigurationError(f"workdir={self.workdir!r} must be an absolute path without '..'")
+        if self.workdir.rstrip("/") in ("", "/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/lib"):
+            raise ConfigurationError(f"workdir={self.workdir!r} would shadow a system directory; use /workspace")
+        if not isinstance(self.network, NetworkPolicy):
+            raise ConfigurationError("network must be a NetworkPolicy")
+        if not isinstance(self.limits, ResourceLimits):
+            raise ConfigurationError("limits must be a ResourceLimits")
+        if not re.match(r"^\d+(:\d+)?$", self.user) or self.user.split(":")[0] == "0":
+            raise ConfigurationError(f"user={self.user!r} must be a non-root numeric UID[:GID]")
+        object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The raw values of every ``Secret`` in the environment."""
+        return tuple(v.get_secret_value() for v in self.environment.values() if isinstance(v, Secret))
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionResult:
+    """The outcome of one command.
+
+    ``stdout`` and ``stderr`` are decoded as UTF-8 (invalid bytes become
+    U+FFFD) and have every secret redacted.
+    """
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    duration: float
+    timed_out: bool = False
+    truncated: bool = False
+    signal: int | None = None
+    """The signal that ended the command, if one did."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0 within its timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def output(self) -> str:
+        """stdout followed by stderr."""
+        return self.stdout + self.stderr
+
+    def check(self) -> ExecutionResult:
+        """Return self if ``ok``; raise :class:`ExecutionError` otherwise."""
+        if self.timed_out:
+            raise ExecutionTimeoutError(f"command timed out after {self.duration:.1f}s", self)
+        if self.exit_code != 0:
+            tail = self.stderr.strip().splitlines()[-1:] or [""]
+            raise ExecutionError(f"command exited with {self.exit_code}: {tail[0][:500]}", self)
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionChunk:
+    """A piece of output from a streaming command."""
+
+    stream: Literal["stdout", "stderr"]
+    data: str
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """An entry of the workspace as ``list_files`` reports it.
+
+    .. versionadded:: 0.4.0
+    """
+
+    path: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"

@@ -1,0 +1,130 @@
+"""The one exception tree of AgentNest.
+
+Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
+
+    AgentNestError
+     ├── ConfigurationError          (also ValueError) a bad argument or setting
+     ├── PolicyDeniedError           the security policy or an approval said no
+     ├── UnsupportedCapabilityError  the backend cannot do (or enforce) this
+     ├── MissingDependencyError      (also ImportError) an optional extra is not installed
+     ├── SandboxDestroyedError       the sandbox is gone
+     ├── BackendError                the engine failed or refused
+     │    ├── RuntimeNotAvailableError   no engine, or no such OCI runtime
+     │    └── ImageNotFoundError         the image is missing and cannot be pulled
+     ├── ChannelError                the in-sandbox agent is gone or misbehaved
+     ├── ExecutionError              a command failed; ``.result`` holds its output
+     │    └── ExecutionTimeoutError  (also TimeoutError) it ran past its timeout
+     ├── FileAccessError             a file operation was refused or failed
+     └── PoolExhaustedError          no pooled sandbox became free in time
+
+Messages name what was wrong and how to fix it.  Over the wire (agent
+protocol, HTTP) errors travel as stable codes and are rebuilt from a closed
+table here; a class path sent by a peer is never imported.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import ExecutionResult
+
+
+class AgentNestError(Exception):
+    """Root of every error AgentNest raises."""
+
+
+class ConfigurationError(AgentNestError, ValueError):
+    """An argument or setting is invalid; the message says which and why.
+
+    .. versionadded:: 0.4.0
+    """
+
+
+class PolicyDeniedError(AgentNestError):
+    """The security policy or an approval hook refused an operation."""
+
+    def __init__(self, message: str, request: Any = None) -> None:
+        super().__init__(message)
+        self.request = request
+
+
+class UnsupportedCapabilityError(AgentNestError):
+    """The backend cannot perform, or cannot enforce, what was asked."""
+
+
+class MissingDependencyError(AgentNestError, ImportError):
+    """An optional dependency is not installed; the message names the extra."""
+
+
+class SandboxDestroyedError(AgentNestError):
+    """The sandbox was destroyed (by the caller, its deadline, or its engine)."""
+
+
+class BackendError(AgentNestError):
+    """The container engine or backend failed."""
+
+
+class RuntimeNotAvailableError(BackendError):
+    """The engine is not reachable, or the requested OCI runtime is not installed."""
+
+
+class ImageNotFoundError(BackendError):
+    """The image does not exist locally and could not be pulled.
+
+    .. versionadded:: 0.4.0
+    """
+
+
+class ChannelError(AgentNestError):
+    """The in-sandbox agent died, hung, or sent something invalid.
+
+    .. versionadded:: 0.4.0
+    """
+
+
+class ExecutionError(AgentNestError):
+    """A command did not succeed; ``result`` carries its (partial) output."""
+
+    def __init__(self, message: str, result: ExecutionResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class ExecutionTimeoutError(ExecutionError, TimeoutError):
+    """A command ran past its own timeout and was killed with its process tree.
+
+    The sandbox, its files and its other processes survive; ``result`` has the
+    partial output and ``timed_out=True``.
+    """
+
+
+class FileAccessError(AgentNestError):
+    """A file operation was refused (path safety, size) or failed in the sandbox."""
+
+    def __init__(self, message: str, path: str | None = None, code: str = "io") -> None:
+        super().__init__(message)
+        self.path = path
+        self.code = code
+
+
+class PoolExhaustedError(AgentNestError):
+    """No sandbox in the pool became free before the wait timed out."""
+
+
+__all__ = [
+    "AgentNestError",
+    "BackendError",
+    "ChannelError",
+    "ConfigurationError",
+    "ExecutionError",
+    "ExecutionTimeoutError",
+    "FileAccessError",
+    "ImageNotFoundError",
+    "MissingDependencyError",
+    "PolicyDeniedError",
+    "PoolExhaustedError",
+    "RuntimeNotAvailableError",
+    "SandboxDestroyedError",
+    "UnsupportedCapabilityError",
+]

@@ -1,0 +1,70 @@
+"""Audit events: what happened in a sandbox, as structured records."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+
+class EventType(str, enum.Enum):
+    """Event types, named ``noun.past_verb``."""
+
+    SANDBOX_CREATED = "sandbox.created"
+    SANDBOX_DESTROYED = "sandbox.destroyed"
+    EXEC_STARTED = "exec.started"
+    EXEC_FINISHED = "exec.finished"
+    EXEC_TIMED_OUT = "exec.timed_out"
+    FILE_READ = "file.read"
+    FILE_WRITTEN = "file.written"
+    FILE_REMOVED = "file.removed"
+    AGENT_RESTARTED = "agent.restarted"
+    APPROVAL_GRANTED = "approval.granted"
+    POLICY_DENIED = "policy.denied"
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxEvent:
+    """One audit record.  ``data`` never contains a secret (it is redacted)."""
+
+    type: EventType
+    sandbox_id: str
+    data: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    time: float = field(default_factory=time.time)
+    actor: str = "host"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type.value,
+            "sandbox_id": self.sandbox_id,
+            "time": self.time,
+            "actor": self.actor,
+            "data": dict(self.data),
+        }
+
+
+Observer = Callable[[SandboxEvent], Any]
+
+
+class MemoryObserver:
+    """Keeps every event in memory (tests, short scripts)."""
+
+    def __init__(self) -> None:
+        self._events: list[SandboxEvent] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: SandboxEvent) -> None:
+        with self._lock:
+            self._events.append(event)
+
+    @property
+    def events(self) -> list[SandboxEvent]:
+        with self._lock:
+            return list(self._events)
+
+    def types(self) -> list[str]:
+        return [e.type.value for e in self.events]

@@ -1,0 +1,114 @@
+"""The backend contract.
+
+A backend makes an isolated environment with the agent running in it, hands
+back a byte stream to that agent, and destroys the environment.  Everything
+else (commands, files, timeouts) is the channel's job, shared by all
+backends.  One backend instance serves many sandboxes through handles.
+
+Example::
+
+    backend = get_backend("docker")
+    handle = backend.create(config)
+    stream = backend.open_channel(handle)      # agent waits for its bundle
+    ...
+    backend.destroy(handle)                    # idempotent
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..channel.streams import ByteStream
+from ..config import SandboxConfig
+
+
+class Capability(str, enum.Enum):
+    """What a backend can do or enforce, declared as data.
+
+    The guard checks these before an operation and raises
+    :class:`~agentnest.errors.UnsupportedCapabilityError` when one is missing,
+    so a backend that cannot enforce a policy never silently ignores it.
+    """
+
+    NETWORK_DENIED = "network.denied"
+    """Can run with no network but loopback."""
+    NETWORK_OPEN = "network.open"
+    """Can give unfiltered network access."""
+    EGRESS_DOMAINS = "network.allowlist"
+    """Can restrict egress to allowlisted domains through the proxy."""
+    RESOURCE_LIMITS = "limits"
+    """Enforces memory, CPU and PID limits."""
+    READ_ONLY_ROOT = "read-only-root"
+    """Can mount the root filesystem read-only."""
+    DEADLINE = "deadline"
+    """Stops the sandbox at its deadline even if the host process died."""
+    GPU = "gpu"
+    """Can pass GPUs through."""
+    FORK = "fork"
+    SNAPSHOT = "snapshot"
+    PAUSE = "pause"
+
+
+@dataclass
+class SandboxHandle:
+    """A backend's reference to one sandbox.  Opaque to everyone else."""
+
+    id: str
+    """AgentNest's id for the sandbox (also in labels)."""
+    backend: str
+    """The name of the backend that created it."""
+    deadline: float
+    """Wall-clock time (epoch seconds) when the sandbox stops itself."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Backend-private details (container id, ...)."""
+
+
+class RuntimeBackend(ABC):
+    """Where sandboxes live.  Subclass it to add a backend.
+
+    Third-party backends register a factory in the ``agentnest.backends``
+    entry-point group; :func:`agentnest.runtime.registry.get_backend` finds
+    them by name.
+    """
+
+    name: str = "abstract"
+
+    def capabilities(self) -> frozenset[Capability]:
+        """What this backend can do and enforce."""
+        return frozenset()
+
+    @abstractmethod
+    def create(self, config: SandboxConfig) -> SandboxHandle:
+        """Create and start a sandbox whose agent waits for its bundle.
+
+        Raises:
+            BackendError: the engine failed.
+            ImageNotFoundError: the image is missing and cannot be pulled.
+            UnsupportedCapabilityError: the config asks for what cannot be enforced.
+        """
+
+    @abstractmethod
+    def open_channel(self, handle: SandboxHandle) -> ByteStream:
+        """Return a byte stream to a freshly started agent in the sandbox.
+
+        The first call returns the agent started with the sandbox; later
+        calls (after an agent died) start a new agent.
+        """
+
+    @abstractmethod
+    def destroy(self, handle: SandboxHandle) -> None:
+        """Remove the sandbox and everything it owns.  Idempotent."""
+
+    def is_running(self, handle: SandboxHandle) -> bool:
+        """Whether the sandbox still exists and runs (best effort)."""
+        return True
+
+    def logs(self, handle: SandboxHandle, tail: int = 200) -> str:
+        """The sandbox's own log (bounded), if the backend keeps one."""
+        return ""
+
+    def close(self) -> None:
+        """Release client resources (connections).  Sandboxes are not touched."""

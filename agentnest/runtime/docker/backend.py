@@ -1,0 +1,382 @@
+"""The Docker backend: runc by default, gVisor (runsc) or Kata by runtime name.
+
+Every sandbox is one container created with these defaults (each is a
+security choice, explained where it is set):
+
+* a non-root UID (65532) and GID, read-only root filesystem, every
+  capability dropped, ``no-new-privileges``, AgentNest's seccomp profile;
+* no network (``network_mode=none``: loopback only);
+* memory (no swap), CPU, PID limits; ``/workspace`` and ``/tmp`` are tmpfs
+  mounts with a fixed size, so the sandbox cannot fill the host's disk;
+* an init process (tini) that reaps zombies and forwards signals;
+* a bounded json-file log, so sandbox code cannot grow it without limit;
+* labels with owner and deadline; the container's main process is the
+  deadline keeper, so the container stops itself at its deadline even if
+  the host process died (see :mod:`agentnest.runtime.bootstrap`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ...channel.streams import ByteStream, DockerMuxStream
+from ...config import SandboxConfig
+from ...errors import (
+    BackendError,
+    ImageNotFoundError,
+    MissingDependencyError,
+    RuntimeNotAvailableError,
+    UnsupportedCapabilityError,
+)
+from ...policy import NetworkMode
+from .. import bootstrap
+from ..base import Capability, RuntimeBackend, SandboxHandle
+from . import labels, seccomp
+
+if TYPE_CHECKING:
+    import docker
+
+#: How long after its deadline a container is force-removed by ``destroy``
+#: callers that find it still running; the keeper normally stops it first.
+_CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True, slots=True)
+class DockerSpec:
+    """Knobs of the Docker backend.
+
+    Attributes:
+        oci_runtime: ``runc`` (default), ``runsc`` (gVisor) or ``kata-runtime``;
+            must be registered with the engine.
+        docker_host: engine address; ``None`` reads ``DOCKER_HOST`` as the
+            Docker CLI does.
+        log_max_size: ceiling of the container's log file.
+        pull: try ``docker pull`` when an image is missing.
+        python: the interpreter in the image that runs the agent.
+    """
+
+    type: str = "docker"
+    oci_runtime: str = "runc"
+    docker_host: str | None = None
+    log_max_size: str = "1m"
+    pull: bool = True
+    python: str = "python3"
+
+
+@contextlib.contextmanager
+def map_docker_errors(what: str, image: str | None = None) -> Iterator[None]:
+    """Turn docker-py and connection errors into AgentNest's tree."""
+    import docker.errors
+    import requests.exceptions
+
+    try:
+        yield
+    except docker.errors.ImageNotFound:
+        raise ImageNotFoundError(_missing_image_hint(image or "?")) from None
+    except docker.errors.NotFound as exc:
+        raise BackendError(f"{what}: not found ({_explain(exc)})") from None
+    except docker.errors.APIError as exc:
+        raise BackendError(f"{what}: the engine refused: {_explain(exc)}") from None
+    except (requests.exceptions.ConnectionError, docker.errors.DockerException) as exc:
+        raise RuntimeNotAvailableError(
+            f"{what}: the Docker engine is not reachable ({str(exc)[:200]}); "
+            "start it (`make engine`, or `sudo systemctl start docker`) or set DOCKER_HOST"
+        ) from None
+
+
+def _explain(exc: Any) -> str:
+    text = getattr(exc, "explanation", None) or str(exc)
+    return str(text)[:500]
+
+
+def _missing_image_hint(image: str) -> str:
+    from .images import BASE_REPOSITORY
+
+    if image.startswith(BASE_REPOSITORY + ":"):
+        return (
+            f"image {image!r} is not built on this engine; build it offline with "
+            "`agentnest image base` (or `make image`)"
+        )
+    return (
+        f"image {image!r} is not on this engine and could not be pulled; pull or build it "
+        "(`docker pull IMAGE`, `docker build`), or use the default image built by `agentnest image base`"
+    )
+
+
+class DockerBackend(RuntimeBackend):
+    """Sandboxes as hardened Docker containers.  Thread-safe."""
+
+    def __init__(self, spec: DockerSpec | None = None, *, name: str = "docker") -> None:
+        self.spec = spec or DockerSpec()
+        self.name = name
+        self._api: docker.APIClient | None = None
+        self._info: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+
+    # -- engine --------------------------------------------------------------
+
+    @property
+    def api(self) -> docker.APIClient:
+        if self._api is None:
+            with self._lock:
+                if self._api is None:
+                    try:
+                        import docker
+                    except ImportError:  # pragma: no cover - docker is a core dependency
+                        raise MissingDependencyError(
+                            "the Docker backend needs docker-py: pip install agentnest"
+                        ) from None
+                    with map_docker_errors("connecting to Docker"):
+                        kwargs: dict[str, Any] = docker.utils.kwargs_from_env()
+                        if self.spec.docker_host:
+                            kwargs["base_url"] = self.spec.docker_host
+                        self._api = docker.APIClient(version="auto", timeout=120, **kwargs)
+        return self._api
+
+    def engine_info(self) -> dict[str, Any]:
+        if self._info is None:
+            with map_docker_errors("asking the engine for its runtimes"):
+                self._info = dict(self.api.info())
+        return self._info
+
+    def check_runtime(self) -> None:
+        runtimes = self.engine_info().get("Runtimes") or {}
+        if self.spec.oci_runtime not in runtimes:
+            raise RuntimeNotAvailableError(
+                f"OCI runtime {self.spec.oci_runtime!r} is not registered with this Docker engine "
+                f"(it has: {', '.join(sorted(runtimes)) or 'none'}); install it and add it under "
+                "'runtimes' in /etc/docker/daemon.json (`make engine` does this for runsc)"
+            )
+
+    def capabilities(self) -> frozenset[Capability]:
+        caps = {
+            Capability.NETWORK_DENIED,
+            Capability.RESOURCE_LIMITS,
+            Capability.READ_ONLY_ROOT,
+            Capability.DEADLINE,
+            Capability.GPU,
+        }
+        if self.spec.oci_runtime == "runc":
+            caps.add(Capability.NETWORK_OPEN)
+        return frozenset(caps)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def create(self, config: SandboxConfig) -> SandboxHandle:
+        if config.network.mode is NetworkMode.ALLOWLIST:
+            raise UnsupportedCapabilityError(
+                "the Docker backend cannot enforce a domain allowlist in this version; "
+                "use NetworkPolicy.denied() (fail closed: no sandbox was created)"
+            )
+        if config.network.mode is NetworkMode.OPEN and Capability.NETWORK_OPEN not in self.capabilities():
+            raise UnsupportedCapabilityError(
+                f"open networking is not available with OCI runtime {self.spec.oci_runtime!r}"
+            )
+        self.check_runtime()
+        self._ensure_image(config.image)
+        sandbox_id = os.urandom(6).hex()
+        created = time.time()
+        deadline = created + config.lifetime
+        uid, _, gid = config.user.partition(":")
+        gid = gid or uid
+        limits = config.limits
+        env = {
+            "PATH": _CONTAINER_PATH,
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        env.update(
+            {k: (v if isinstance(v, str) else v.get_secret_value()) for k, v in config.environment.items()}
+        )
+        env["AGENTNEST_WORKSPACE"] = config.workdir
+        api = self.api
+        import docker.types
+
+        tmpfs_opts = f"rw,nosuid,nodev,uid={uid},gid={gid}"
+        device_requests = (
+            [docker.types.DeviceRequest(count=limits.gpus, capabilities=[["gpu"]])] if limits.gpus else None
+        )
+        host_config = api.create_host_config(
+            # Resource ceilings; memswap == memory means no swap.
+            mem_limit=limits.memory,
+            memswap_limit=limits.memory,
+            nano_cpus=int(limits.cpus * 1e9),
+            pids_limit=limits.pids,
+            # The image is never written; only the tmpfs mounts are.
+            read_only=config.read_only_root,
+            tmpfs={
+                config.workdir: f"{tmpfs_opts},mode=0755,size={limits.workspace}",
+                "/tmp": f"{tmpfs_opts},mode=1777,size={limits.scratch}",
+            },
+            # No capability at all, and no way to gain one through setuid binaries.
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges:true", f"seccomp={seccomp.profile_json(self._arch())}"],
+            network_mode="bridge" if config.network.mode is NetworkMode.OPEN else "none",
+            init=True,
+            runtime=self.spec.oci_runtime,
+            ipc_mode="private",
+            # The log is the only host file the sandbox can write to: cap it.
+            log_config=docker.types.LogConfig(
+                type="json-file", config={"max-size": self.spec.log_max_size, "max-file": "1"}
+            ),
+            ulimits=[
+                docker.types.Ulimit(name="core", soft=0, hard=0),
+                docker.types.Ulimit(name="nofile", soft=4096, hard=4096),
+            ],
+            # Under memory pressure on the host, the sandbox dies first.
+            oom_score_adj=500,
+            device_requests=device_requests,
+        )
+        container_labels = labels.for_sandbox(sandbox_id, self.name, created, deadline)
+        container_labels.update(config.labels)
+        with map_docker_errors("creating the sandbox container", config.image):
+            cid = api.create_container(
+                config.image,
+                command=bootstrap.command("keeper", self.spec.python, config.lifetime),
+                user=f"{uid}:{gid}",
+                environment=env,
+                working_dir=config.workdir,
+                labels=container_labels,
+                host_config=host_config,
+                # detach=False with stdin_open sets StdinOnce: when the host's
+                # attach connection goes away, the agent sees end-of-file.
+                stdin_open=True,
+                tty=False,
+                # Never copy the host's client proxy settings into a sandbox.
+                use_config_proxy=False,
+                hostname="sandbox",
+                name=f"agentnest-{sandbox_id}",
+            )["Id"]
+        handle = SandboxHandle(
+            id=sandbox_id,
+            backend=self.name,
+            deadline=deadline,
+            info={"container": cid, "user": f"{uid}:{gid}", "workdir": config.workdir, "env": env},
+        )
+        try:
+            with map_docker_errors("starting the sandbox container", config.image):
+                # Attach before start so the agent's first bytes are not lost.
+                sock = _raw_socket(
+                    api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+                )
+                handle.info["stream"] = DockerMuxStream(sock)
+                api.start(cid)
+        except BaseException:
+            self.destroy(handle)
+            raise
+        return handle
+
+    def open_channel(self, handle: SandboxHandle) -> ByteStream:
+        stream = handle.info.pop("stream", None)
+        if isinstance(stream, ByteStream):
+            return stream
+        # A later agent: start one next to the running keeper.
+        cid = handle.info["container"]
+        with map_docker_errors("restarting the in-sandbox agent"):
+            exec_id = self.api.exec_create(
+                cid,
+                bootstrap.command("agent", self.spec.python),
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                user=handle.info["user"],
+                environment=handle.info["env"],
+                workdir=handle.info["workdir"],
+            )["Id"]
+            sock = _raw_socket(self.api.exec_start(exec_id, socket=True))
+        return DockerMuxStream(sock)
+
+    def destroy(self, handle: SandboxHandle) -> None:
+        stream = handle.info.pop("stream", None)
+        if isinstance(stream, ByteStream):
+            stream.close()
+        cid = handle.info.get("container")
+        if not cid:
+            return
+        import docker.errors
+
+        with map_docker_errors("removing the sandbox container"):
+            try:
+                self.api.remove_container(cid, force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # removal already in progress
+                    raise
+
+    def is_running(self, handle: SandboxHandle) -> bool:
+        import docker.errors
+
+        try:
+            state = self.api.inspect_container(handle.info["container"])["State"]
+        except docker.errors.NotFound:
+            return False
+        return bool(state.get("Running"))
+
+    def logs(self, handle: SandboxHandle, tail: int = 200) -> str:
+        import docker.errors
+
+        try:
+            raw = self.api.logs(handle.info["container"], tail=tail)
+        except docker.errors.NotFound:
+            return ""
+        return bytes(raw[-65536:]).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+
+    # -- helpers -------------------------------------------------------------
+
+    def _arch(self) -> str:
+        return str(self.engine_info().get("Architecture", "x86_64"))
+
+    def _ensure_image(self, image: str) -> None:
+        import docker.errors
+
+        try:
+            with map_docker_errors("looking up the image", image):
+                self.api.inspect_image(image)
+            return
+        except ImageNotFoundError:
+            if not self.spec.pull or image.startswith(_base_repository() + ":"):
+                raise
+        try:
+            repo, tag = _split_ref(image)
+            self.api.pull(repo, tag=tag)
+        except (docker.errors.APIError, docker.errors.DockerException, OSError):
+            raise ImageNotFoundError(_missing_image_hint(image)) from None
+
+
+def _base_repository() -> str:
+    from .images import BASE_REPOSITORY
+
+    return BASE_REPOSITORY
+
+
+def _split_ref(image: str) -> tuple[str, str | None]:
+    if "@" in image:
+        return image, None
+    name, sep, tag = image.rpartition(":")
+    if sep and "/" not in tag:
+        return name, tag
+    return image, "latest"
+
+
+def _raw_socket(obj: Any) -> socket.socket:
+    """The plain socket under docker-py's hijacked response wrapper."""
+    sock = getattr(obj, "_sock", obj)
+    if not isinstance(sock, socket.socket):
+        raise BackendError(f"unexpected attach stream type {type(sock).__name__}")
+    return sock

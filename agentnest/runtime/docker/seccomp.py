@@ -1,0 +1,103 @@
+"""AgentNest's seccomp profile for Docker (runc and runsc).
+
+Capabilities are all dropped and ``no-new-privileges`` is set, so most
+privileged system calls already fail.  This profile refuses, with EPERM, the
+calls that need no capability and are a kernel attack surface or an escape
+aid, including several that older engines' default profiles still allow:
+
+* ``io_uring_*``: a large, frequently exploited kernel interface that also
+  bypasses seccomp filtering of the operations it performs;
+* ``userfaultfd``: the classic tool to widen kernel race windows;
+* ``unshare``/``setns`` and namespace flags on ``clone``: user namespaces
+  give back capabilities inside the new namespace, a recurring escape route;
+  ``clone3`` gets ENOSYS so that libc falls back to ``clone``, whose flags
+  seccomp can inspect;
+* ``bpf``, ``perf_event_open``, ``keyctl``/``add_key``/``request_key``,
+  ``ptrace``, ``process_vm_*``, ``kcmp``, ``pidfd_getfd``: cross-process and
+  kernel-object access;
+* everything Docker's default profile blocks (mount, module loading, kexec,
+  reboot, clock setting, swap, quotas, ``open_by_handle_at``, ...).
+
+The profile allows by default and denies this list: the engine's runtime
+(runc or gVisor) still applies its own restrictions underneath.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+EPERM = 1
+ENOSYS = 38
+
+DENIED = (
+    # io_uring and userfaultfd
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd",
+    # namespaces
+    "unshare", "setns",
+    # kernel objects and cross-process access
+    "bpf", "perf_event_open", "keyctl", "add_key", "request_key", "ptrace",
+    "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    "lookup_dcookie", "fanotify_init", "name_to_handle_at", "open_by_handle_at",
+    # filesystems and mounts
+    "mount", "umount", "umount2", "pivot_root", "chroot", "move_mount",
+    "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+    "quotactl", "quotactl_fd", "nfsservctl", "swapon", "swapoff",
+    # kernel modules, kexec, reboot
+    "init_module", "finit_module", "delete_module", "create_module",
+    "kexec_load", "kexec_file_load", "reboot",
+    # time and system state
+    "settimeofday", "clock_settime", "clock_settime64", "clock_adjtime",
+    "clock_adjtime64", "adjtimex", "stime", "syslog", "acct", "vhangup",
+    "sethostname", "setdomainname",
+    # obsolete or dangerous
+    "uselib", "ustat", "sysfs", "_sysctl", "get_kernel_syms", "query_module",
+    "vm86", "vm86old", "iopl", "ioperm",
+    "get_mempolicy", "set_mempolicy", "mbind", "move_pages",
+)
+
+# clone(2) flags that create namespaces.
+_NS_FLAGS = (
+    0x00020000,  # CLONE_NEWNS
+    0x02000000,  # CLONE_NEWCGROUP
+    0x04000000,  # CLONE_NEWUTS
+    0x08000000,  # CLONE_NEWIPC
+    0x10000000,  # CLONE_NEWUSER
+    0x20000000,  # CLONE_NEWPID
+    0x40000000,  # CLONE_NEWNET
+)
+
+_ARCHES = {
+    "x86_64": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+    "aarch64": ["SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"],
+}
+
+
+def profile(arch: str = "x86_64") -> dict[str, Any]:
+    names = list(DENIED)
+    rules: list[dict[str, Any]] = [
+        {"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
+        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
+    ]
+    for flag in _NS_FLAGS:
+        rules.append(
+            {
+                "names": ["clone"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": EPERM,
+                # (flags & flag) == flag.  On s390 the flags are argument 1,
+                # but s390 is not a supported architecture here.
+                "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}],
+            }
+        )
+    return {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": _ARCHES.get(arch, _ARCHES["x86_64"]),
+        "syscalls": rules,
+    }
+
+
+@lru_cache(maxsize=4)
+def profile_json(arch: str = "x86_64") -> str:
+    return json.dumps(profile(arch), separators=(",", ":"))

@@ -1,0 +1,604 @@
+"""``Sandbox``: the synchronous face of AgentNest (thin; the logic is in the guard)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from .channel.client import Channel, ExecHandle
+from .channel.protocol import RawExit
+from .config import ExecutionChunk, ExecutionResult, FileInfo, ResourceLimits, SandboxConfig
+from .errors import (
+    ChannelError,
+    ConfigurationError,
+    ExecutionError,
+    ExecutionTimeoutError,
+    FileAccessError,
+    SandboxDestroyedError,
+)
+from .events import EventType, Observer
+from .guard import ApprovalHook, Guard
+from .policy import NetworkPolicy, SecurityPolicy
+from .runtime import bootstrap
+from .runtime.base import RuntimeBackend, SandboxHandle
+from .runtime.registry import get_backend
+from .secrets import Secret
+
+#: Extra time the host waits past a command's own timeout for the agent to
+#: report the kill, before it declares the agent hung.
+_BACKSTOP_GRACE = 10.0
+#: Base time allowed for a file operation, plus time per MiB.
+_FILE_BASE_WAIT = 30.0
+_FILE_WAIT_PER_MIB = 0.5
+_DEFAULT_IMAGE = object()
+
+
+def default_image() -> str:
+    """The image ``Sandbox()`` uses when none is given (built by ``agentnest image base``)."""
+    from .runtime.docker.images import base_image
+
+    return os.environ.get("AGENTNEST_IMAGE") or base_image()
+
+
+class Sandbox:
+    """A disposable, policy-controlled sandbox.
+
+    Example::
+
+        with Sandbox("python:3.12-slim", timeout=60) as sandbox:
+            sandbox.write_file("main.py", "print('hello from isolation')")
+            print(sandbox.exec_shell("python main.py").stdout)
+
+    Args:
+        image: image reference; ``None`` uses the default base image.
+        timeout: lifetime in seconds; the sandbox stops itself then, even if
+            this process has died.
+        environment: variables for every command; ``Secret`` values are
+            redacted from all output.
+        workdir: the workspace mount point.
+        network_enabled: 0.3.0 switch for open networking; prefer
+            ``security_policy=SecurityPolicy(network=...)``.
+        memory, cpus, pids, gpus: resource limits.
+        workspace_size, scratch_size: sizes of ``/workspace`` and ``/tmp``
+            (memory-backed, counted against ``memory``).
+        backend: a backend name (``docker``, ``gvisor``, ``kata`` or a
+            plug-in) or a :class:`RuntimeBackend` instance.
+        read_only_root: keep the image read-only.
+        security_policy: what the sandbox may do.
+        observers: callables receiving every :class:`SandboxEvent`.
+        approval_hook: called with an :class:`ApprovalRequest` before each
+            operation; a falsy answer or an exception denies it.
+
+    Raises:
+        ConfigurationError: an argument is invalid.
+        PolicyDeniedError: the policy or the approval hook refused.
+        ImageNotFoundError, RuntimeNotAvailableError, BackendError: the engine
+            could not provide the sandbox.
+    """
+
+    def __init__(
+        self,
+        image: str | None = None,
+        timeout: float = 300,
+        *,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str = "/workspace",
+        network_enabled: bool = False,
+        memory: int | str = "512m",
+        cpus: float = 1.0,
+        pids: int = 256,
+        gpus: int = 0,
+        workspace_size: int | str = "256m",
+        scratch_size: int | str = "64m",
+        backend: str | RuntimeBackend = "docker",
+        read_only_root: bool = True,
+        security_policy: SecurityPolicy | None = None,
+        observers: Sequence[Observer] = (),
+        approval_hook: ApprovalHook | None = None,
+    ) -> None:
+        policy = security_policy or SecurityPolicy()
+        network = policy.network
+        if network_enabled:
+            if security_policy is not None and network != NetworkPolicy.denied():
+                raise ConfigurationError("pass either network_enabled=True or a SecurityPolicy network, not both")
+            network = NetworkPolicy.open()
+        config = SandboxConfig(
+            image=image if image is not None else default_image(),
+            lifetime=timeout,
+            environment=environment,  # type: ignore[arg-type]  # frozen in __post_init__
+            workdir=workdir,
+            network=network,
+            limits=ResourceLimits.build(memory, cpus, pids, workspace_size, scratch_size, gpus),
+            read_only_root=read_only_root,
+        )
+        self._backend = get_backend(backend) if isinstance(backend, str) else backend
+        if not isinstance(self._backend, RuntimeBackend):
+            raise ConfigurationError("backend must be a backend name or a RuntimeBackend instance")
+        self._guard = Guard(config, policy, observers, approval_hook)
+        self._guard.check_create(self._backend.capabilities())
+        self._lock = threading.Lock()
+        self._channel: Channel | None = None
+        self._destroyed = False
+        self._handle: SandboxHandle = self._backend.create(config)
+        self._guard.sandbox_id = self._handle.id
+        self._mono_deadline = time.monotonic() + (self._handle.deadline - time.time())
+        try:
+            self._connect()
+        except BaseException:
+            self._backend.destroy(self._handle)
+            self._destroyed = True
+            raise
+        self._guard.emit(
+            EventType.SANDBOX_CREATED,
+            {"image": config.image, "backend": self._handle.backend, "network": config.network.mode.value},
+        )
+
+    # -- properties ------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """AgentNest's id of this sandbox (also on its engine labels)."""
+        return self._handle.id
+
+    @property
+    def config(self) -> SandboxConfig:
+        return self._guard.config
+
+    @property
+    def destroyed(self) -> bool:
+        return self._destroyed
+
+    @property
+    def deadline(self) -> float:
+        """Epoch seconds at which the sandbox stops itself."""
+        return self._handle.deadline
+
+    @property
+    def backend(self) -> RuntimeBackend:
+        return self._backend
+
+    # -- channel ---------------------------------------------------------------
+
+    def _connect(self) -> Channel:
+        stream = self._backend.open_channel(self._handle)
+        try:
+            self._channel = Channel.connect(stream, bootstrap.bundle(), timeout=60.0)
+        except ChannelError as exc:
+            raise ChannelError(f"{exc}. Does the image {self.config.image!r} have python3?") from None
+        return self._channel
+
+    def _ch(self) -> Channel:
+        if self._destroyed:
+            raise SandboxDestroyedError(f"sandbox {self.id} was destroyed")
+        ch = self._channel
+        if ch is not None and ch.alive:
+            return ch
+        with self._lock:
+            ch = self._channel
+            if ch is not None and ch.alive:
+                return ch
+            self._check_alive()
+            old_reason = ch.broken_reason if ch is not None else None
+            ch = self._connect()
+            self._guard.emit(EventType.AGENT_RESTARTED, {"reason": old_reason or "not started"})
+            return ch
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise SandboxDestroyedError(f"sandbox {self.id} was destroyed")
+        if time.time() >= self._handle.deadline:
+            raise SandboxDestroyedError(f"sandbox {self.id} reached its deadline and stopped")
+        if not self._backend.is_running(self._handle):
+            raise SandboxDestroyedError(f"sandbox {self.id} is no longer running (it was stopped or killed)")
+
+    def _lost(self, exc: ChannelError) -> Exception:
+        """Explain a broken channel: the sandbox ended, or only its agent did."""
+        try:
+            self._check_alive()
+        except SandboxDestroyedError as gone:
+            return gone
+        return exc
+
+    # -- commands --------------------------------------------------------------
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str | Secret] | None = None,
+        cwd: str | None = None,
+        input: str | bytes | None = None,
+    ) -> ExecutionResult:
+        """Run ``argv`` (no shell) and wait for it.
+
+        Args:
+            argv: program and arguments.
+            timeout: seconds before the command and its whole process tree
+                are killed; ``None`` bounds it only by the sandbox's lifetime.
+            env: extra environment for this command.
+            cwd: working directory inside the workspace.
+            input: data for the command's stdin.
+
+        Returns:
+            The :class:`ExecutionResult`; a non-zero exit is not an error.
+
+        Raises:
+            ExecutionTimeoutError: the command ran past ``timeout``; ``.result``
+                has the partial output.  The sandbox lives on.
+        """
+        handle = self._start(argv, timeout, env, cwd, input)
+        out: list[bytes] = []
+        err: list[bytes] = []
+        try:
+            for event in handle.events(self._wait_deadline(timeout)):
+                if isinstance(event, tuple):
+                    (out if event[0] == 1 else err).append(event[1])
+        except ChannelError as exc:
+            raise self._lost(exc) from None
+        except BaseException:
+            handle.cancel()
+            handle.abandon()
+            raise
+        assert handle.result is not None
+        return self._result(handle.result, b"".join(out), b"".join(err), handle.truncated, timeout)
+
+    def exec_shell(
+        self,
+        script: str,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str | Secret] | None = None,
+        cwd: str | None = None,
+        input: str | bytes | None = None,
+    ) -> ExecutionResult:
+        """Run ``script`` with ``/bin/sh -c``.  See :meth:`exec`."""
+        return self.exec(["/bin/sh", "-c", _text(script, "script")], timeout=timeout, env=env, cwd=cwd, input=input)
+
+    def exec_python(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str | Secret] | None = None,
+        cwd: str | None = None,
+        input: str | bytes | None = None,
+    ) -> ExecutionResult:
+        """Run Python ``code`` in a fresh ``python3`` process.  See :meth:`exec`."""
+        return self.exec(self._python_argv(code), timeout=timeout, env=env, cwd=cwd, input=input)
+
+    def run_code(self, code: str, language: str = "python", *, timeout: float | None = None) -> ExecutionResult:
+        """Run a snippet (``python`` or ``shell``); read ``.output`` for its output."""
+        if language in ("python", "py", "python3"):
+            return self.exec_python(code, timeout=timeout)
+        if language in ("shell", "sh", "bash"):
+            return self.exec_shell(code, timeout=timeout)
+        raise ConfigurationError(f"language {language!r} is not supported; use 'python' or 'shell'")
+
+    def exec_json(self, code: str, *, timeout: float | None = None) -> Any:
+        """Run Python ``code`` that prints one JSON document; return it parsed."""
+        result = self.exec_python(code, timeout=timeout).check()
+        try:
+            return json.loads(result.stdout)
+        except ValueError as exc:
+            raise ExecutionError(f"the code's stdout is not JSON: {exc}", result) from None
+
+    def stream_exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str | Secret] | None = None,
+        cwd: str | None = None,
+        input: str | bytes | None = None,
+    ) -> ExecutionStream:
+        """Run ``argv`` and iterate over its output as it arrives.
+
+        Returns an :class:`ExecutionStream`: iterate it for
+        :class:`ExecutionChunk` items; ``.result`` holds the
+        :class:`ExecutionResult` afterwards.  Leaving the iteration early
+        (or ``close()``) kills the command's process tree.
+        """
+        handle = self._start(argv, timeout, env, cwd, input)
+        return ExecutionStream(self, handle, timeout)
+
+    def stream_shell(
+        self,
+        script: str,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str | Secret] | None = None,
+        cwd: str | None = None,
+    ) -> ExecutionStream:
+        """Stream ``/bin/sh -c script``.  See :meth:`stream_exec`."""
+        return self.stream_exec(["/bin/sh", "-c", _text(script, "script")], timeout=timeout, env=env, cwd=cwd)
+
+    def stream_python(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str | Secret] | None = None,
+        cwd: str | None = None,
+    ) -> ExecutionStream:
+        """Stream ``python3 -c code``.  See :meth:`stream_exec`."""
+        return self.stream_exec(self._python_argv(code), timeout=timeout, env=env, cwd=cwd)
+
+    def _python_argv(self, code: str) -> list[str]:
+        return ["python3", "-c", _text(code, "code")]
+
+    def _start(
+        self,
+        argv: Sequence[str],
+        timeout: float | None,
+        env: Mapping[str, str | Secret] | None,
+        cwd: str | None,
+        input: str | bytes | None,
+    ) -> ExecHandle:
+        args, call_env, workdir, timeout = self._guard.exec_request(argv, timeout=timeout, env=env, cwd=cwd)
+        if input is not None and not isinstance(input, (str, bytes)):
+            raise ConfigurationError("input must be str, bytes or None")
+        data = input.encode("utf-8") if isinstance(input, str) else input
+        try:
+            return self._ch().start_exec(
+                args,
+                env=call_env,
+                cwd=workdir,
+                timeout=timeout,
+                max_output=self._guard.policy.max_output_bytes,
+                stdin=data,
+            )
+        except ChannelError as exc:
+            raise self._lost(exc) from None
+
+    def _wait_deadline(self, timeout: float | None) -> float:
+        sandbox_end = self._mono_deadline + _BACKSTOP_GRACE
+        if timeout is None:
+            return sandbox_end
+        return min(time.monotonic() + timeout + _BACKSTOP_GRACE, sandbox_end)
+
+    def _result(
+        self, raw: RawExit, stdout: bytes, stderr: bytes, truncated: bool, timeout: float | None
+    ) -> ExecutionResult:
+        result = self._guard.finish_exec(raw, stdout, stderr, truncated)
+        if result.timed_out:
+            raise ExecutionTimeoutError(
+                f"command timed out after {timeout}s; it was killed with its process tree "
+                "(the sandbox and its files are intact)",
+                result,
+            )
+        return result
+
+    # -- files -----------------------------------------------------------------
+
+    def _file_deadline(self, size: int = 0) -> float:
+        return time.monotonic() + _FILE_BASE_WAIT + _FILE_WAIT_PER_MIB * size / 2**20
+
+    def write_file(self, path: str, data: str | bytes, *, mode: int = 0o644) -> None:
+        """Write ``data`` to ``path`` in the workspace (atomically; parents created).
+
+        Raises:
+            FileAccessError: the path is outside the workspace, crosses a
+                symlink, or the write failed (e.g. the workspace is full).
+        """
+        rel = self._guard.workspace_path(path)
+        if isinstance(data, str):
+            payload = data.encode("utf-8")
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            payload = bytes(data)
+        else:
+            raise ConfigurationError(f"data must be str or bytes, not {type(data).__name__}")
+        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+            raise ConfigurationError(f"mode={mode!r} must be permission bits such as 0o644")
+        limit = self._guard.policy.max_file_bytes
+        if len(payload) > limit:
+            raise FileAccessError(
+                f"{path!r}: {len(payload)} bytes exceeds max_file_bytes={limit}; raise it in the SecurityPolicy",
+                path=path,
+                code="too_large",
+            )
+        self._guard.approve("file.write", {"path": rel, "size": len(payload)})
+        try:
+            self._ch().write_file(rel, payload, mode, self._file_deadline(len(payload)))
+        except ChannelError as exc:
+            raise self._lost(exc) from None
+        self._guard.emit(EventType.FILE_WRITTEN, {"path": rel, "size": len(payload)})
+
+    def read_file(self, path: str, encoding: str | None = "utf-8") -> Any:
+        """Read a workspace file: ``str`` (decoded), or ``bytes`` with ``encoding=None``.
+
+        Secrets in the content are redacted in the ``str`` form.
+
+        Raises:
+            FileAccessError: missing, not a regular file, outside the
+                workspace, over ``max_file_bytes``, or not valid in ``encoding``.
+        """
+        rel = self._guard.workspace_path(path)
+        self._guard.approve("file.read", {"path": rel})
+        limit = self._guard.policy.max_file_bytes
+        try:
+            data = self._ch().read_file(rel, limit, self._file_deadline(limit))
+        except ChannelError as exc:
+            raise self._lost(exc) from None
+        self._guard.emit(EventType.FILE_READ, {"path": rel, "size": len(data)})
+        if encoding is None:
+            return data
+        try:
+            text = data.decode(encoding)
+        except UnicodeDecodeError as exc:
+            raise FileAccessError(
+                f"{path!r} is not valid {encoding} (byte {exc.start}); pass encoding=None to get bytes",
+                path=path,
+                code="decode",
+            ) from None
+        except LookupError:
+            raise ConfigurationError(f"unknown encoding {encoding!r}") from None
+        return self._guard.redact(text)
+
+    def list_files(self, path: str = ".", *, recursive: bool = False, max_entries: int = 10000) -> list[FileInfo]:
+        """List a workspace directory (links are listed, never followed)."""
+        rel = self._guard.workspace_path(path)
+        self._guard.approve("file.list", {"path": rel})
+        reply = self._request({"t": "list", "path": rel, "recursive": bool(recursive), "max_entries": max_entries})
+        entries = reply.get("entries")
+        if not isinstance(entries, list) or len(entries) > max_entries:
+            raise ChannelError("the agent sent an invalid listing")
+        return [_file_info(e) for e in entries]
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists in the workspace (without following a final link)."""
+        rel = self._guard.workspace_path(path)
+        try:
+            self._request({"t": "stat", "path": rel})
+        except FileAccessError as exc:
+            if exc.code == "not_found":
+                return False
+            raise
+        return True
+
+    def mkdir(self, path: str, *, parents: bool = True) -> None:
+        """Create a directory in the workspace."""
+        rel = self._guard.workspace_path(path)
+        self._guard.approve("file.write", {"path": rel, "directory": True})
+        self._request({"t": "mkdir", "path": rel, "parents": parents})
+
+    def remove_file(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file (or a directory tree with ``recursive=True``)."""
+        rel = self._guard.workspace_path(path)
+        self._guard.approve("file.remove", {"path": rel, "recursive": recursive})
+        self._request({"t": "remove", "path": rel, "recursive": bool(recursive)})
+        self._guard.emit(EventType.FILE_REMOVED, {"path": rel})
+
+    def upload_file(self, local_path: str | os.PathLike[str], remote_path: str) -> None:
+        """Copy a host file into the workspace."""
+        self.write_file(remote_path, Path(local_path).read_bytes())
+
+    def download_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
+        """Copy a workspace file to the host (written atomically)."""
+        data = self.read_file(remote_path, encoding=None)
+        target = Path(local_path)
+        tmp = target.with_name(f".{target.name}.agentnest-{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+
+    def _request(self, header: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return dict(self._ch().request(header, self._file_deadline()))
+        except ChannelError as exc:
+            raise self._lost(exc) from None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def logs(self, tail: int = 200) -> str:
+        """The container's own log (the keeper and agent diagnostics), redacted."""
+        text = self._backend.logs(self._handle, tail)
+        if self._channel is not None:
+            text += self._channel.diagnostics()
+        return self._guard.redact(text)
+
+    def destroy(self) -> None:
+        """Remove the sandbox and everything in it.  Idempotent."""
+        with self._lock:
+            if self._destroyed:
+                return
+            self._destroyed = True
+            if self._channel is not None:
+                self._channel.close("sandbox destroyed")
+            self._backend.destroy(self._handle)
+        self._guard.emit(EventType.SANDBOX_DESTROYED, {})
+
+    close = destroy
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.destroy()
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self._destroyed else "running"
+        return f"<Sandbox {self.id} image={self.config.image!r} {state}>"
+
+
+class ExecutionStream:
+    """Output of a running command, chunk by chunk.  Iterate it once."""
+
+    def __init__(self, sandbox: Sandbox, handle: ExecHandle, timeout: float | None) -> None:
+        self._sandbox = sandbox
+        self._handle = handle
+        self._timeout = timeout
+        self._decoder = sandbox._guard.stream_decoder()
+        self._out: list[bytes] = []
+        self._err: list[bytes] = []
+        self.result: ExecutionResult | None = None
+
+    def __iter__(self) -> Iterator[ExecutionChunk]:
+        sandbox = self._sandbox
+        deadline = sandbox._wait_deadline(self._timeout)
+        try:
+            while self._handle.result is None:
+                try:
+                    event = self._handle.next_event(deadline)
+                except ChannelError as exc:
+                    raise sandbox._lost(exc) from None
+                if isinstance(event, tuple):
+                    fd, data = event
+                    (self._out if fd == 1 else self._err).append(data)
+                    chunk = self._decoder.feed(fd, data)
+                    if chunk is not None:
+                        yield chunk
+        except GeneratorExit:
+            self.close()
+            raise
+        except BaseException:
+            self.close()
+            raise
+        yield from self._decoder.flush()
+        self.result = sandbox._result(
+            self._handle.result, b"".join(self._out), b"".join(self._err), self._handle.truncated, self._timeout
+        )
+
+    def close(self) -> None:
+        """Kill the command's process tree if it still runs."""
+        if self._handle.result is None:
+            self._handle.cancel()
+            self._handle.abandon()
+
+    def __enter__(self) -> ExecutionStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{what} must be str, not {type(value).__name__}")
+    return value
+
+
+def _file_info(entry: Any) -> FileInfo:
+    try:
+        path, kind, size, mode, mtime = entry
+        if not (
+            isinstance(path, str)
+            and kind in ("file", "dir", "symlink", "other")
+            and isinstance(size, int)
+            and isinstance(mode, int)
+            and isinstance(mtime, (int, float))
+        ):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ChannelError("the agent sent an invalid file entry") from None
+    return FileInfo(path[:4096], kind, size, mode, float(mtime))

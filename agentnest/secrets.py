@@ -1,0 +1,80 @@
+"""Secret values and their redaction from everything a sandbox sends back."""
+
+from __future__ import annotations
+
+REDACTED = "[REDACTED]"
+
+
+class Secret:
+    """A value that must never appear in output, events, logs or ``repr``.
+
+    It is injected into the sandbox as an environment value; AgentNest
+    redacts it to ``[REDACTED]`` in everything it returns.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        if not isinstance(value, str) or not value:
+            from .errors import ConfigurationError
+
+            raise ConfigurationError("Secret needs a non-empty str value")
+        self._value = value
+
+    def get_secret_value(self) -> str:
+        """The raw value (only for injecting it)."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('**********')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("Secret", self._value))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickling would copy the raw value somewhere we cannot redact.
+        raise TypeError("Secret values cannot be pickled")
+
+
+def redact(text: str, secrets: tuple[str, ...]) -> str:
+    """Replace every occurrence of every secret with ``[REDACTED]``."""
+    for value in sorted(secrets, key=len, reverse=True):
+        if value and value in text:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+class StreamRedactor:
+    """Redacts secrets from a text stream delivered in chunks.
+
+    A secret split across two chunks is still caught: the redactor holds back
+    the longest tail of the text that could be the start of a secret, and
+    releases it once the next chunk (or :meth:`flush`) shows what follows.
+    """
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        self._secrets = tuple(s for s in secrets if s)
+        self._hold = max((len(s) for s in self._secrets), default=1) - 1
+        self._pending = ""
+
+    def feed(self, chunk: str) -> str:
+        if not self._secrets:
+            return chunk
+        text = redact(self._pending + chunk, self._secrets)
+        cut = len(text)
+        for i in range(max(0, len(text) - self._hold), len(text)):
+            tail = text[i:]
+            if any(s.startswith(tail) for s in self._secrets):
+                cut = i
+                break
+        self._pending = text[cut:]
+        return text[:cut]
+
+    def flush(self) -> str:
+        out, self._pending = self._pending, ""
+        return out

@@ -1,0 +1,1 @@
+"""Test helpers shipped with AgentNest (for this project and third-party backends)."""

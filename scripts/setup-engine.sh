@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Install and start what AgentNest's tests and demo need on Debian, as root.
+# Idempotent: every step checks before it acts.
+set -euo pipefail
+
+need_pkgs=()
+for pair in docker.io:dockerd runsc:runsc bubblewrap:bwrap debootstrap:debootstrap tini:docker-init; do
+  pkg=${pair%%:*}; bin=${pair##*:}
+  command -v "$bin" >/dev/null 2>&1 || need_pkgs+=("$pkg")
+done
+if ((${#need_pkgs[@]})); then
+  echo "engine: installing ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+# Register gVisor with Docker.  This kernel's gVisor netstack refuses to start
+# with networking from the root namespace, so `runsc` runs with its network
+# off (AgentNest's default: network denied).
+python3 - <<'PY'
+import json, os, shutil
+path = "/etc/docker/daemon.json"
+try:
+    with open(path) as f:
+        cfg = json.load(f)
+except FileNotFoundError:
+    cfg = {}
+runsc = shutil.which("runsc") or "/usr/bin/runsc"
+want = {
+    "runsc": {"path": runsc, "runtimeArgs": ["--network=none"]},
+    "runsc-host": {"path": runsc, "runtimeArgs": ["--network=host"]},
+}
+runtimes = cfg.setdefault("runtimes", {})
+changed = False
+for name, spec in want.items():
+    if runtimes.get(name) != spec:
+        runtimes[name] = spec
+        changed = True
+if changed:
+    os.makedirs("/etc/docker", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    print("engine: registered runsc in", path)
+    open("/tmp/agentnest-daemon-changed", "w").close()
+PY
+
+if docker info >/dev/null 2>&1; then
+  if [[ -e /tmp/agentnest-daemon-changed ]]; then
+    # Reload the runtime list without stopping running containers.
+    kill -HUP "$(pidof dockerd)" && rm -f /tmp/agentnest-daemon-changed && sleep 1
+  fi
+else
+  rm -f /tmp/agentnest-daemon-changed
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
+    systemctl start docker
+  else
+    echo "engine: starting dockerd"
+    setsid dockerd >/var/log/agentnest-dockerd.log 2>&1 < /dev/null &
+  fi
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+fi
+docker info >/dev/null 2>&1 || { echo "engine: dockerd did not come up; see /var/log/agentnest-dockerd.log" >&2; exit 1; }
+docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' | grep -qw runsc \
+  || { echo "engine: runsc is not registered with Docker" >&2; exit 1; }
+echo "engine: ready ($(docker info --format '{{.ServerVersion}}'), runtimes: $(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}'))"
