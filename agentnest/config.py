@@ -36,12 +36,12 @@ def parse_size(value: int | str, what: str) -> int:
     elif isinstance(value, str):
         m = _SIZE.match(value)
         if not m:
-            raise ConfigurationError(
-                f"{what}={value!r} is not a size; write it like '512m', '2g' or 1048576"
-            )
+            raise ConfigurationError(f"{what}={value!r} is not a size; write it like '512m', '2g' or 1048576")
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     else:
-        raise ConfigurationError(f"{what} must be a size such as '512m' or an int, not {type(value).__name__}")
+        raise ConfigurationError(
+            f"{what} must be a size such as '512m' or an int, not {type(value).__name__}"
+        )
     if n <= 0:
         raise ConfigurationError(f"{what} must be positive, got {value!r}")
     return n
@@ -172,7 +172,9 @@ class SandboxConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not self.image.strip() or any(c.isspace() for c in self.image):
-            raise ConfigurationError(f"image={self.image!r} is not an image reference like 'python:3.12-slim'")
+            raise ConfigurationError(
+                f"image={self.image!r} is not an image reference like 'python:3.12-slim'"
+            )
         if (
             isinstance(self.lifetime, bool)
             or not isinstance(self.lifetime, (int, float))
@@ -181,10 +183,16 @@ class SandboxConfig:
         ):
             raise ConfigurationError(f"timeout={self.lifetime!r} is out of range; use 1 to 604800 seconds")
         object.__setattr__(self, "environment", _freeze_env(self.environment))
-        if not isinstance(self.workdir, str) or not self.workdir.startswith("/") or ".." in self.workdir.split("/"):
+        if (
+            not isinstance(self.workdir, str)
+            or not self.workdir.startswith("/")
+            or ".." in self.workdir.split("/")
+        ):
             raise ConfigurationError(f"workdir={self.workdir!r} must be an absolute path without '..'")
         if self.workdir.rstrip("/") in ("", "/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/lib"):
-            raise ConfigurationError(f"workdir={self.workdir!r} would shadow a system directory; use /workspace")
+            raise ConfigurationError(
+                f"workdir={self.workdir!r} would shadow a system directory; use /workspace"
+            )
         if not isinstance(self.network, NetworkPolicy):
             raise ConfigurationError("network must be a NetworkPolicy")
         if not isinstance(self.limits, ResourceLimits):

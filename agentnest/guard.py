@@ -88,7 +88,9 @@ class Guard:
 
     def deny(self, kind: str, reason: str, details: Mapping[str, Any] | None = None) -> None:
         self.emit(EventType.POLICY_DENIED, {"kind": kind, "reason": reason, **(details or {})})
-        raise PolicyDeniedError(f"{kind} denied: {reason}", request=ApprovalRequest(kind, self.sandbox_id, details or {}))
+        raise PolicyDeniedError(
+            f"{kind} denied: {reason}", request=ApprovalRequest(kind, self.sandbox_id, details or {})
+        )
 
     def approve(self, kind: str, details: Mapping[str, Any]) -> None:
         if self.approval_hook is None:
@@ -143,9 +145,13 @@ class Guard:
                     f"an argument is {len(a)} characters; the kernel limit is 128 KiB per argument "
                     "(write large code to a file with write_file and run that)"
                 )
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
-                raise ConfigurationError(f"timeout={timeout!r} must be a positive number of seconds or None")
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise ConfigurationError(f"timeout={timeout!r} must be a positive number of seconds or None")
         call_env: dict[str, str] = {}
         for k, v in (env or {}).items():
             if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
@@ -203,9 +209,13 @@ class Guard:
         it refuses to follow any.
         """
         if not isinstance(path, str):
-            raise FileAccessError(f"path must be str, not {type(path).__name__}", path=None, code="invalid_path")
+            raise FileAccessError(
+                f"path must be str, not {type(path).__name__}", path=None, code="invalid_path"
+            )
         if not path or "\x00" in path:
-            raise FileAccessError("path must be a non-empty string without NUL bytes", path=path, code="invalid_path")
+            raise FileAccessError(
+                "path must be a non-empty string without NUL bytes", path=path, code="invalid_path"
+            )
         root = self.config.workdir.rstrip("/")
         full = posixpath.normpath(path if path.startswith("/") else posixpath.join(root, path))
         if full.startswith("//"):
@@ -223,7 +233,10 @@ class StreamDecoder:
     """Incremental UTF-8 decoding and redaction for one streaming command."""
 
     def __init__(self, secrets: tuple[str, ...]) -> None:
-        self._dec = {1: codecs.getincrementaldecoder("utf-8")("replace"), 2: codecs.getincrementaldecoder("utf-8")("replace")}
+        self._dec = {
+            1: codecs.getincrementaldecoder("utf-8")("replace"),
+            2: codecs.getincrementaldecoder("utf-8")("replace"),
+        }
         self._red = {1: StreamRedactor(secrets), 2: StreamRedactor(secrets)}
 
     def feed(self, fd: int, data: bytes) -> ExecutionChunk | None:

@@ -34,9 +34,7 @@ def _check_domain(pattern: str) -> str:
     host = p[2:] if p.startswith("*.") else p
     labels = host.split(".")
     if not host or not all(_LABEL.match(label) for label in labels):
-        raise ConfigurationError(
-            f"allowlist domain {pattern!r} is not a host name or '*.suffix' pattern"
-        )
+        raise ConfigurationError(f"allowlist domain {pattern!r} is not a host name or '*.suffix' pattern")
     if p.startswith("*.") and len(labels) < 2:
         # '*' or '*.com' would admit a whole top-level domain.
         raise ConfigurationError(
@@ -58,9 +56,10 @@ class NetworkPolicy:
     """Allowed destination ports."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.mode, NetworkMode):
+        mode: object = self.mode  # may be a plain string from YAML or HTTP
+        if not isinstance(mode, NetworkMode):
             try:
-                object.__setattr__(self, "mode", NetworkMode(self.mode))
+                object.__setattr__(self, "mode", NetworkMode(mode))
             except ValueError:
                 raise ConfigurationError(
                     f"network mode {self.mode!r} is unknown; use 'denied', 'allowlist' or 'open'"

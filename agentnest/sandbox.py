@@ -36,7 +36,8 @@ _BACKSTOP_GRACE = 10.0
 #: Base time allowed for a file operation, plus time per MiB.
 _FILE_BASE_WAIT = 30.0
 _FILE_WAIT_PER_MIB = 0.5
-_DEFAULT_IMAGE = object()
+#: Python code longer than this goes to the interpreter on stdin, not argv.
+_MAX_INLINE_CODE = 100 * 1024
 
 
 def default_image() -> str:
@@ -106,7 +107,9 @@ class Sandbox:
         network = policy.network
         if network_enabled:
             if security_policy is not None and network != NetworkPolicy.denied():
-                raise ConfigurationError("pass either network_enabled=True or a SecurityPolicy network, not both")
+                raise ConfigurationError(
+                    "pass either network_enabled=True or a SecurityPolicy network, not both"
+                )
             network = NetworkPolicy.open()
         config = SandboxConfig(
             image=image if image is not None else default_image(),
@@ -259,7 +262,9 @@ class Sandbox:
         input: str | bytes | None = None,
     ) -> ExecutionResult:
         """Run ``script`` with ``/bin/sh -c``.  See :meth:`exec`."""
-        return self.exec(["/bin/sh", "-c", _text(script, "script")], timeout=timeout, env=env, cwd=cwd, input=input)
+        return self.exec(
+            ["/bin/sh", "-c", _text(script, "script")], timeout=timeout, env=env, cwd=cwd, input=input
+        )
 
     def exec_python(
         self,
@@ -270,10 +275,24 @@ class Sandbox:
         cwd: str | None = None,
         input: str | bytes | None = None,
     ) -> ExecutionResult:
-        """Run Python ``code`` in a fresh ``python3`` process.  See :meth:`exec`."""
+        """Run Python ``code`` in a fresh ``python3`` process.  See :meth:`exec`.
+
+        Code too long for one command-line argument is fed on stdin instead
+        (then ``input`` must be None).
+        """
+        code = _text(code, "code")
+        if len(code.encode("utf-8", "surrogateescape")) > _MAX_INLINE_CODE:
+            if input is not None:
+                raise ConfigurationError(
+                    "code longer than 100 KiB is sent on stdin, so input= cannot be used with it; "
+                    "write the code to a file with write_file and run it instead"
+                )
+            return self.exec(["python3", "-"], timeout=timeout, env=env, cwd=cwd, input=code)
         return self.exec(self._python_argv(code), timeout=timeout, env=env, cwd=cwd, input=input)
 
-    def run_code(self, code: str, language: str = "python", *, timeout: float | None = None) -> ExecutionResult:
+    def run_code(
+        self, code: str, language: str = "python", *, timeout: float | None = None
+    ) -> ExecutionResult:
         """Run a snippet (``python`` or ``shell``); read ``.output`` for its output."""
         if language in ("python", "py", "python3"):
             return self.exec_python(code, timeout=timeout)
@@ -399,7 +418,8 @@ class Sandbox:
         limit = self._guard.policy.max_file_bytes
         if len(payload) > limit:
             raise FileAccessError(
-                f"{path!r}: {len(payload)} bytes exceeds max_file_bytes={limit}; raise it in the SecurityPolicy",
+                f"{path!r}: {len(payload)} bytes exceeds max_file_bytes={limit}; "
+                "raise it in the SecurityPolicy",
                 path=path,
                 code="too_large",
             )
@@ -441,11 +461,15 @@ class Sandbox:
             raise ConfigurationError(f"unknown encoding {encoding!r}") from None
         return self._guard.redact(text)
 
-    def list_files(self, path: str = ".", *, recursive: bool = False, max_entries: int = 10000) -> list[FileInfo]:
+    def list_files(
+        self, path: str = ".", *, recursive: bool = False, max_entries: int = 10000
+    ) -> list[FileInfo]:
         """List a workspace directory (links are listed, never followed)."""
         rel = self._guard.workspace_path(path)
         self._guard.approve("file.list", {"path": rel})
-        reply = self._request({"t": "list", "path": rel, "recursive": bool(recursive), "max_entries": max_entries})
+        reply = self._request(
+            {"t": "list", "path": rel, "recursive": bool(recursive), "max_entries": max_entries}
+        )
         entries = reply.get("entries")
         if not isinstance(entries, list) or len(entries) > max_entries:
             raise ChannelError("the agent sent an invalid listing")
@@ -566,7 +590,11 @@ class ExecutionStream:
             raise
         yield from self._decoder.flush()
         self.result = sandbox._result(
-            self._handle.result, b"".join(self._out), b"".join(self._err), self._handle.truncated, self._timeout
+            self._handle.result,
+            b"".join(self._out),
+            b"".join(self._err),
+            self._handle.truncated,
+            self._timeout,
         )
 
     def close(self) -> None:

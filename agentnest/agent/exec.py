@@ -40,23 +40,23 @@ class Command:
     """One running command and the bookkeeping to report it."""
 
     __slots__ = (
-        "id",
-        "proc",
-        "pid",
-        "fds",
-        "stdin_fd",
-        "stdin_queue",
-        "stdin_eof",
         "deadline",
-        "limit",
-        "sent",
-        "truncated",
-        "timed_out",
+        "exited_at",
+        "fds",
+        "id",
         "killed",
+        "limit",
+        "marker",
+        "pid",
+        "proc",
+        "sent",
         "started",
         "status",
-        "exited_at",
-        "marker",
+        "stdin_eof",
+        "stdin_fd",
+        "stdin_queue",
+        "timed_out",
+        "truncated",
     )
 
     def __init__(self, cid: int, proc: "subprocess.Popen[bytes]", marker: str, limit: int) -> None:

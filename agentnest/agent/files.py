@@ -133,9 +133,7 @@ class Workspace:
             if not stat.S_ISREG(st.st_mode):
                 raise FileError("not_regular", f"{rel!r} is not a regular file")
             if st.st_size > max_bytes:
-                raise FileError(
-                    "too_large", f"{rel!r} is {st.st_size} bytes, over the limit of {max_bytes}"
-                )
+                raise FileError("too_large", f"{rel!r} is {st.st_size} bytes, over the limit of {max_bytes}")
             os.set_blocking(fd, True)
             total = 0
             while True:
@@ -260,11 +258,18 @@ class Workspace:
         if state is None:
             return
         pfd, fd, tmp, _name, _ = state
-        for closer in (lambda: os.close(fd), lambda: os.unlink(tmp, dir_fd=pfd), lambda: os.close(pfd)):
-            try:
-                closer()
-            except OSError:
-                pass
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        try:
+            os.unlink(tmp, dir_fd=pfd)
+        except OSError:
+            pass
+        try:
+            os.close(pfd)
+        except OSError:
+            pass
 
     def mkdir(self, rel: str, parents: bool) -> None:
         parts = split(rel)

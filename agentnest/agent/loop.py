@@ -13,7 +13,7 @@ import selectors
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from . import exec as execmod
 from . import files, wire
@@ -38,9 +38,7 @@ class Agent:
         self.workspace = files.Workspace(os.environ.get("AGENTNEST_WORKSPACE", os.getcwd()))
         self.token = secrets.token_hex(6)
         self.running = True
-        self.base_env = {
-            k: v for k, v in os.environ.items() if not k.startswith("AGENTNEST_")
-        }
+        self.base_env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTNEST_")}
         self.subreaper = False
         self._wake_r, self._wake_w = os.pipe()
 
@@ -92,7 +90,7 @@ class Agent:
         )
         while self.running:
             timeout = self._next_timeout()
-            for key, mask in self.sel.select(timeout):
+            for key, _mask in self.sel.select(timeout):
                 tag = key.data
                 if tag == "host":
                     self._read_host()
@@ -240,8 +238,18 @@ class Agent:
             if isinstance(exc, FileNotFoundError) and exc.filename == cwd:
                 msg = "agentnest: working directory %s does not exist\n" % cwd
             self.send({"t": "out", "id": rid, "fd": 2}, msg.encode())
-            self.send({"t": "exit", "id": rid, "code": code, "signal": None, "timed_out": False,
-                       "truncated": False, "duration": 0.0, "spawn_error": True})
+            self.send(
+                {
+                    "t": "exit",
+                    "id": rid,
+                    "code": code,
+                    "signal": None,
+                    "timed_out": False,
+                    "truncated": False,
+                    "duration": 0.0,
+                    "spawn_error": True,
+                }
+            )
             return
         timeout = h.get("timeout")
         if isinstance(timeout, (int, float)) and timeout > 0:

@@ -87,9 +87,7 @@ class Decoder:
                 if hlen == 0 or hlen > self._max_header:
                     raise WireError(f"frame header of {hlen} bytes is out of bounds")
                 if blen > self._max_body:
-                    raise WireError(
-                        f"frame body of {blen} bytes exceeds the limit of {self._max_body}"
-                    )
+                    raise WireError(f"frame body of {blen} bytes exceeds the limit of {self._max_body}")
                 self._need = (hlen, blen)
                 pos += PREFIX_SIZE
             hlen, blen = self._need

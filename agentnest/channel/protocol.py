@@ -24,9 +24,9 @@ __all__ = [
     "RawExit",
     "WireError",
     "encode",
+    "new_decoder",
     "parse_exit",
     "parse_hello",
-    "new_decoder",
 ]
 
 #: The agent sends output in frames of at most 256 KiB and file data in 1 MiB;
@@ -84,9 +84,7 @@ def parse_hello(h: Header) -> Hello:
         raise ProtocolViolation(f"expected a hello frame, got {h.get('t')!r:.40}")
     version = _int(h, "v", 0, 1 << 16)
     if version != PROTOCOL_VERSION:
-        raise ProtocolViolation(
-            f"agent speaks protocol {version}, this host speaks {PROTOCOL_VERSION}"
-        )
+        raise ProtocolViolation(f"agent speaks protocol {version}, this host speaks {PROTOCOL_VERSION}")
     caps = h.get("caps", [])
     if not isinstance(caps, list) or len(caps) > 64 or not all(isinstance(c, str) for c in caps):
         raise ProtocolViolation("hello frame capabilities are invalid")

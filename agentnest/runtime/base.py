@@ -110,5 +110,5 @@ class RuntimeBackend(ABC):
         """The sandbox's own log (bounded), if the backend keeps one."""
         return ""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release client resources (connections).  Sandboxes are not touched."""

@@ -62,7 +62,7 @@ if sys.argv[1] == "keeper":
         import time; time.sleep(float(sys.argv[2]))
 else:
     load().main()
-""" % {"pkg": PACKAGE}
+""".replace("%(pkg)s", PACKAGE)
 
 
 @lru_cache(maxsize=1)

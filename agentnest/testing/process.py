@@ -18,14 +18,16 @@ from ..runtime import bootstrap
 class LocalAgent:
     """An agent child process connected over a socketpair."""
 
-    def __init__(self, workspace: str, python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, workspace: str, python: str = sys.executable, env: dict[str, str] | None = None
+    ) -> None:
         host, child = socket.socketpair()
         full_env = dict(os.environ if env is None else env)
         full_env["AGENTNEST_WORKSPACE"] = workspace
         self.proc = subprocess.Popen(
             bootstrap.command("agent", python=python),
-            stdin=child,
-            stdout=child,
+            stdin=child.fileno(),
+            stdout=child.fileno(),
             stderr=None if os.environ.get("AGENTNEST_DEBUG_AGENT") else subprocess.DEVNULL,
             cwd=workspace,
             env=full_env,

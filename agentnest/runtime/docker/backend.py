@@ -129,12 +129,13 @@ class DockerBackend(RuntimeBackend):
                 if self._api is None:
                     try:
                         import docker
+                        from docker.utils import kwargs_from_env
                     except ImportError:  # pragma: no cover - docker is a core dependency
                         raise MissingDependencyError(
                             "the Docker backend needs docker-py: pip install agentnest"
                         ) from None
                     with map_docker_errors("connecting to Docker"):
-                        kwargs: dict[str, Any] = docker.utils.kwargs_from_env()
+                        kwargs: dict[str, Any] = dict(kwargs_from_env())
                         if self.spec.docker_host:
                             kwargs["base_url"] = self.spec.docker_host
                         self._api = docker.APIClient(version="auto", timeout=120, **kwargs)
@@ -347,7 +348,7 @@ class DockerBackend(RuntimeBackend):
 
         try:
             with map_docker_errors("looking up the image", image):
-                self.api.inspect_image(image)
+                self.api.inspect_image(image)  # type: ignore[no-untyped-call]
             return
         except ImageNotFoundError:
             if not self.spec.pull or image.startswith(_base_repository() + ":"):

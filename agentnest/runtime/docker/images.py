@@ -115,9 +115,7 @@ def build_base_image(
             deb.unlink()
         progress("importing into the engine")
         tar = Path(tmp) / "root.tar"
-        subprocess.run(
-            ["tar", "--numeric-owner", "-C", str(root), "-cf", str(tar), "."], check=True
-        )
+        subprocess.run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(tar), "."], check=True)
         repo, tag = image.split(":", 1)
         api.import_image(  # type: ignore[attr-defined]
             src=str(tar),

@@ -27,7 +27,9 @@ def owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def for_sandbox(sandbox_id: str, backend: str, created: float, deadline: float, role: str = "sandbox") -> dict[str, str]:
+def for_sandbox(
+    sandbox_id: str, backend: str, created: float, deadline: float, role: str = "sandbox"
+) -> dict[str, str]:
     return {
         MANAGED: "true",
         SANDBOX: sandbox_id,
