@@ -7,7 +7,6 @@ host (the host is the one that started it); the host does not trust it.
 from __future__ import annotations
 
 import os
-import secrets
 import select
 import selectors
 import signal
@@ -36,7 +35,8 @@ class Agent:
         self.by_pid: Dict[int, execmod.Command] = {}
         self.fd_owner: Dict[int, execmod.Command] = {}
         self.workspace = files.Workspace(os.environ.get("AGENTNEST_WORKSPACE", os.getcwd()))
-        self.token = secrets.token_hex(6)
+        # os.urandom, not the secrets module: that one pulls in OpenSSL (~4 MB RSS).
+        self.token = os.urandom(6).hex()
         self.running = True
         self.base_env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTNEST_")}
         self.subreaper = False
