@@ -206,7 +206,10 @@ class Sandbox:
             self._check_alive()
         except SandboxDestroyedError as gone:
             return gone
-        return exc
+        return ChannelError(
+            f"{exc}; the in-sandbox agent was lost (killed or crashed) during this call, "
+            "the sandbox and its files are intact and the next call starts a new agent"
+        )
 
     # -- commands --------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import struct
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
+from typing import Any
 
 
 class ByteStream(ABC):
@@ -77,8 +78,22 @@ class DockerMuxStream(ByteStream):
     there too, so it is bounded and never parsed).
     """
 
-    def __init__(self, sock: socket.socket, keep_stderr: int = 16 * 1024) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        keep_stderr: int = 16 * 1024,
+        owner: Any = None,
+        eof_marker: bytes | None = None,
+    ) -> None:
         self._sock = sock
+        # The transport's wrapper around the socket (docker-py's SocketIO): it
+        # holds a reference that keeps the descriptor open until it is closed.
+        self._owner = owner
+        # A stderr line that means "the agent exited" (see runtime.bootstrap):
+        # the engine keeps an attach stream open while the container runs.
+        self._eof_marker = eof_marker
+        self._tail = b""
+        self._eof = False
         self._buf = bytearray()
         self._kind = 0
         self._left = 0
@@ -102,6 +117,8 @@ class DockerMuxStream(ByteStream):
 
     def read(self, max_bytes: int) -> bytes:
         while True:
+            if self._eof:
+                return b""
             if self._left == 0:
                 while len(self._buf) < _MUX.size:
                     if not self._fill():
@@ -123,6 +140,11 @@ class DockerMuxStream(ByteStream):
             return piece
 
     def _keep_stderr(self, piece: bytes) -> None:
+        if self._eof_marker is not None:
+            window = self._tail + piece
+            if self._eof_marker in window:
+                self._eof = True
+            self._tail = window[-len(self._eof_marker) :]
         self._stderr.append(piece)
         self._stderr_len += len(piece)
         while self._stderr_len > self._keep and len(self._stderr) > 1:
@@ -144,3 +166,8 @@ class DockerMuxStream(ByteStream):
         except OSError:
             pass
         self._sock.close()
+        if self._owner is not None:
+            try:
+                self._owner.close()
+            except OSError:
+                pass

@@ -10,12 +10,15 @@ sandbox cannot plant a modified agent for the next start.
 Modes:
 
 ``keeper SECONDS``
-    Used as the container's main process.  It forks the agent (which keeps
-    stdin/stdout), then becomes ``sleep SECONDS``: the sandbox's lifetime.
-    When the deadline passes the keeper exits, the init process exits, and
-    the engine stops the container, whether or not the host is still alive.
-    A killed agent does not end the container; the backend starts a new one
-    with ``agent`` mode.
+    Used as the container's main process (PID 1).  It forks the agent (which
+    keeps the host's stream), then waits: it reaps orphans like an init, and
+    exits when its timer fires at the deadline, which stops the container
+    whether or not the host is still alive.  Signals without a handler do not
+    reach PID 1 from inside its namespace, so sandbox code cannot kill it.
+    The engine does not end an attach stream while the container runs, so
+    when the agent dies PID 1 writes :data:`AGENT_EXITED` to stderr and the
+    host treats that as the end of the stream; the backend then starts a new
+    agent in ``agent`` mode (whose exec stream ends when it exits).
 ``agent``
     Just the agent (restarts, and backends that keep the lifetime elsewhere).
 """
@@ -30,6 +33,8 @@ from importlib import resources
 #: Load order matters: a module's relative imports must already be loaded.
 AGENT_MODULES = ("wire", "files", "exec", "loop")
 PACKAGE = "agentnest_agent"
+#: What PID 1 writes to the container's stderr when the first agent exits.
+AGENT_EXITED = b"\x00AGENTNEST-AGENT-EXITED\x00"
 
 BOOTSTRAP = r"""
 import os, sys
@@ -47,19 +52,28 @@ def load():
         exec(compile(src, m.__file__, "exec"), m.__dict__)
     return sys.modules["%(pkg)s.loop"]
 if sys.argv[1] == "keeper":
-    pid = os.fork()
-    if pid == 0:
-        if os.fork():
-            os._exit(0)
+    import signal
+    # The deadline: when the timer fires, PID 1 exits and the container stops.
+    signal.signal(signal.SIGALRM, lambda *a: os._exit(0))
+    signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))
+    agent = os.fork()
+    if agent == 0:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
         load().main()
         os._exit(0)
-    os.waitpid(pid, 0)
-    # Let go of the host's stream: its end-of-file belongs to the agent.
-    fd = os.open("/dev/null", os.O_RDWR); os.dup2(fd, 0); os.dup2(fd, 1)
-    try:
-        os.execvp("sleep", ["sleep", sys.argv[2]])
-    except OSError:
-        import time; time.sleep(float(sys.argv[2]))
+    fd = os.open("/dev/null", os.O_RDWR)
+    os.dup2(fd, 0); os.dup2(fd, 1)
+    # PID 1 reaps every orphan; when the agent dies it says so on stderr,
+    # which the host reads as the end of this agent's stream.
+    while True:
+        try:
+            pid, _ = os.wait()
+        except ChildProcessError:
+            signal.pause()
+            continue
+        if pid == agent:
+            os.write(2, b"\n\x00AGENTNEST-AGENT-EXITED\x00\n")
 else:
     load().main()
 """.replace("%(pkg)s", PACKAGE)

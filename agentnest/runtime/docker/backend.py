@@ -8,7 +8,8 @@ security choice, explained where it is set):
 * no network (``network_mode=none``: loopback only);
 * memory (no swap), CPU, PID limits; ``/workspace`` and ``/tmp`` are tmpfs
   mounts with a fixed size, so the sandbox cannot fill the host's disk;
-* an init process (tini) that reaps zombies and forwards signals;
+* PID 1 is the deadline keeper, which reaps orphans like an init and
+  which sandbox code cannot kill;
 * a bounded json-file log, so sandbox code cannot grow it without limit;
 * labels with owner and deadline; the container's main process is the
   deadline keeper, so the container stops itself at its deadline even if
@@ -222,7 +223,9 @@ class DockerBackend(RuntimeBackend):
             cap_drop=["ALL"],
             security_opt=["no-new-privileges:true", f"seccomp={seccomp.profile_json(self._arch())}"],
             network_mode="bridge" if config.network.mode is NetworkMode.OPEN else "none",
-            init=True,
+            # No init process: PID 1 is the deadline keeper (see bootstrap),
+            # which also reaps orphans.
+            init=False,
             runtime=self.spec.oci_runtime,
             ipc_mode="private",
             # The log is the only host file the sandbox can write to: cap it.
@@ -266,10 +269,10 @@ class DockerBackend(RuntimeBackend):
         try:
             with map_docker_errors("starting the sandbox container", config.image):
                 # Attach before start so the agent's first bytes are not lost.
-                sock = _raw_socket(
-                    api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+                wrapper = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+                handle.info["stream"] = DockerMuxStream(
+                    _raw_socket(wrapper), owner=wrapper, eof_marker=bootstrap.AGENT_EXITED
                 )
-                handle.info["stream"] = DockerMuxStream(sock)
                 api.start(cid)
         except BaseException:
             self.destroy(handle)
@@ -294,8 +297,8 @@ class DockerBackend(RuntimeBackend):
                 environment=handle.info["env"],
                 workdir=handle.info["workdir"],
             )["Id"]
-            sock = _raw_socket(self.api.exec_start(exec_id, socket=True))
-        return DockerMuxStream(sock)
+            wrapper = self.api.exec_start(exec_id, socket=True)
+        return DockerMuxStream(_raw_socket(wrapper), owner=wrapper)
 
     def destroy(self, handle: SandboxHandle) -> None:
         stream = handle.info.pop("stream", None)
