@@ -119,5 +119,5 @@ class BackendContract:
             with pytest.raises(ConfigurationError):
                 Sandbox(image, timeout=60, backend=backend, memory="1k")
         finally:
-            del backend.create  # type: ignore[method-assign]
+            del backend.create
         assert calls == []
