@@ -212,7 +212,7 @@ class DockerBackend(RuntimeBackend):
             mem_limit=limits.memory,
             memswap_limit=limits.memory,
             nano_cpus=int(limits.cpus * 1e9),
-            pids_limit=limits.pids,
+            pids_limit=self._pids_ceiling(limits.pids),
             # The image is never written; only the tmpfs mounts are.
             read_only=config.read_only_root,
             tmpfs={
@@ -342,6 +342,19 @@ class DockerBackend(RuntimeBackend):
             self._api = None
 
     # -- helpers -------------------------------------------------------------
+
+    def _pids_ceiling(self, pids: int) -> int:
+        """The cgroup PID limit that gives the workload ``pids`` processes.
+
+        Under gVisor the cgroup also holds the Sentry and, on the ptrace
+        platform, a host thread per application thread: the same number
+        would kill the whole sandbox long before the workload reaches it.
+        The headroom keeps the limit meaningful (a fork bomb still stops)
+        without starving gVisor itself.
+        """
+        if self.spec.oci_runtime.startswith("runsc"):
+            return pids * 3 + 256
+        return pids
 
     def _arch(self) -> str:
         return str(self.engine_info().get("Architecture", "x86_64"))

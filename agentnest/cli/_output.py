@@ -1,0 +1,80 @@
+"""Helpers shared by the commands: sub-parsers, argument types, tables, marks, errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TextIO, TypeAlias
+
+#: What ``ArgumentParser.add_subparsers`` returns (a private class, hence the alias).
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def add_command(
+    commands: Commands, name: str, summary: str, description: str, epilog: str
+) -> argparse.ArgumentParser:
+    """Add the sub-parser ``name``; ``epilog`` holds the examples shown by ``--help``."""
+    return commands.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number of seconds greater than zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number greater than 0")
+    return value
+
+
+def _can_encode(text: str, stream: TextIO) -> bool:
+    try:
+        text.encode(getattr(stream, "encoding", None) or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def mark(ok: bool, stream: TextIO | None = None) -> str:
+    """``✓`` or ``✗``, or ``OK``/``FAIL`` on a terminal that cannot show them."""
+    symbol = "✓" if ok else "✗"
+    if _can_encode(symbol, stream or sys.stdout):
+        return symbol
+    return "OK" if ok else "FAIL"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns, two spaces apart, with a header line."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = [
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip()
+        for line in [list(headers), *[list(r) for r in rows]]
+    ]
+    return "\n".join(lines)
+
+
+def error(message: str) -> None:
+    """Print ``error: message`` on stderr."""
+    print(f"error: {message}", file=sys.stderr)
+
+
+def human_bytes(size: float) -> str:
+    """``536870912`` -> ``512.0 MiB``."""
+    if abs(size) < 1024:
+        return f"{size:.0f} B"
+    for unit in ("KiB", "MiB"):
+        size /= 1024
+        if abs(size) < 1024:
+            return f"{size:.1f} {unit}"
+    return f"{size / 1024:.1f} GiB"

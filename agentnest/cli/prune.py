@@ -1,0 +1,109 @@
+"""``agentnest prune``: remove what expired (or orphaned) sandboxes left on the engine."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import TYPE_CHECKING
+
+from ._output import Commands, add_command, error, table
+
+if TYPE_CHECKING:
+    from ..runtime.docker.prune import PruneReport
+
+_EPILOG = """\
+Only resources labelled agentnest.managed=true are considered: containers
+(running or stopped, removed with their anonymous volumes), then networks,
+then volumes.  By default a resource goes once its deadline label has
+passed; --orphans adds those whose owner process on this host has exited;
+--all takes every AgentNest resource, running sandboxes included.
+Exit code 1 if anything could not be removed.
+
+examples:
+  agentnest prune --dry-run          # show what would go
+  agentnest prune                    # remove what has expired
+  agentnest prune --orphans          # ... and what crashed processes left
+"""
+
+
+def register(commands: Commands) -> None:
+    """Add ``prune`` to the command line."""
+    parser = add_command(
+        commands,
+        "prune",
+        "remove expired AgentNest containers, networks and volumes",
+        "Remove the engine resources of sandboxes past their deadline.",
+        _EPILOG,
+    )
+    parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    parser.add_argument(
+        "--orphans", action="store_true", help="also remove resources whose owner process is gone"
+    )
+    parser.add_argument(
+        "--all",
+        dest="everything",
+        action="store_true",
+        help="remove every AgentNest resource, even running ones",
+    )
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Prune and print a table of what went (or would go)."""
+    from ..errors import ConfigurationError
+    from ..runtime.docker import DockerBackend
+    from ..runtime.docker.prune import prune
+    from ..runtime.registry import get_backend
+
+    backend = get_backend("docker")
+    if not isinstance(backend, DockerBackend):  # pragma: no cover - "docker" is built in
+        raise ConfigurationError("the docker backend is not a Docker engine backend")
+    now = time.time()
+    report = prune(
+        backend.api, now=now, dry_run=args.dry_run, orphans=args.orphans, everything=args.everything
+    )
+    print(render(report, now))
+    for message in report.errors:
+        error(message)
+    return 0 if report.ok else 1
+
+
+def render(report: PruneReport, now: float) -> str:
+    """The table of resources and a one-line summary."""
+    resources = report.resources
+    if not resources:
+        return "nothing to prune"
+    rows = [
+        [r.kind, r.name, r.sandbox or "-", r.reason, _deadline(r.deadline, now), r.owner or "-"]
+        for r in resources
+    ]
+    counts = (
+        f"{_plural(len(report.containers), 'container')}, {_plural(len(report.networks), 'network')}, "
+        f"{_plural(len(report.volumes), 'volume')}"
+    )
+    summary = (
+        f"would remove {counts} (dry run: nothing was removed)" if report.dry_run else f"removed {counts}"
+    )
+    return f"{table(['KIND', 'NAME', 'SANDBOX', 'REASON', 'DEADLINE', 'OWNER'], rows)}\n{summary}"
+
+
+def _deadline(deadline: float | None, now: float) -> str:
+    if deadline is None:
+        return "-"
+    delta = deadline - now
+    span = _span(abs(delta))
+    return f"{span} ago" if delta < 0 else f"in {span}"
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -1,0 +1,202 @@
+"""Reap expired AgentNest resources (containers, networks, volumes) on a Docker engine.
+
+Every resource AgentNest creates carries ``agentnest.managed=true``, its
+owner (``host:pid``) and its deadline (see :mod:`.labels`).  The deadline
+keeper stops a container at its deadline, but a stopped container, its
+networks and volumes stay on the engine until someone removes them; after a
+crash of the host process nobody will, so ``prune`` does.
+
+Example::
+
+    report = prune(get_backend("docker").api, dry_run=True)
+    for resource in report.containers:
+        print(resource.name, resource.reason)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import labels
+from .backend import map_docker_errors
+
+#: Why a resource was chosen, as ``PrunedResource.reason`` says it.
+EXPIRED = "expired"
+OWNER_GONE = "owner gone"
+EVERYTHING = "all"
+
+
+@dataclass(frozen=True, slots=True)
+class PrunedResource:
+    """One engine resource that was (or, in a dry run, would be) removed."""
+
+    kind: str
+    """``container``, ``network`` or ``volume``."""
+    id: str
+    """The engine's id (the name, for volumes)."""
+    name: str
+    sandbox: str
+    """The AgentNest sandbox id from the labels, or ``""``."""
+    owner: str
+    """``host:pid`` of the process that created it, or ``""``."""
+    deadline: float | None
+    """Epoch seconds from the deadline label; ``None`` if missing or invalid."""
+    reason: str
+    """``expired``, ``owner gone`` or ``all``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What :func:`prune` removed (or would remove), and what it could not."""
+
+    containers: tuple[PrunedResource, ...] = ()
+    networks: tuple[PrunedResource, ...] = ()
+    volumes: tuple[PrunedResource, ...] = ()
+    errors: tuple[str, ...] = ()
+    """One message per resource that could not be removed."""
+    dry_run: bool = False
+
+    @property
+    def resources(self) -> tuple[PrunedResource, ...]:
+        """Containers, then networks, then volumes."""
+        return self.containers + self.networks + self.volumes
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed."""
+        return not self.errors
+
+
+def prune(
+    api: Any,
+    *,
+    now: float | None = None,
+    dry_run: bool = False,
+    orphans: bool = False,
+    everything: bool = False,
+) -> PruneReport:
+    """Remove AgentNest's containers, networks and volumes that are due.
+
+    A resource is due when its deadline has passed, or (``orphans=True``)
+    when the process that created it ran on this host and has exited, or
+    always with ``everything=True`` (running sandboxes included).  Resources
+    without ``agentnest.managed=true`` are never touched.  Containers go
+    first (forcefully, with their anonymous volumes), so that the networks
+    and volumes they used are free when their turn comes.
+
+    Args:
+        api: a docker-py ``APIClient``.
+        now: the current epoch time (for tests); defaults to ``time.time()``.
+        dry_run: only report what would be removed.
+        orphans: also remove resources whose owner process is gone.
+        everything: remove every AgentNest resource.
+
+    Returns:
+        A :class:`PruneReport`.  A resource another process removed at the
+        same time counts as removed; any other failure is collected in
+        ``errors`` instead of stopping the sweep.
+
+    Raises:
+        RuntimeNotAvailableError: the engine is not reachable.
+        BackendError: the engine refused to list resources.
+    """
+    import docker.errors
+
+    moment = time.time() if now is None else now
+    selector = {"label": [f"{labels.MANAGED}=true"]}
+
+    def pick(kind: str, rid: str, name: str, tags: Mapping[str, str] | None) -> PrunedResource | None:
+        tags = tags or {}
+        deadline = _parse_deadline(tags.get(labels.DEADLINE))
+        owner = tags.get(labels.OWNER, "")
+        if everything:
+            reason = EVERYTHING
+        elif deadline is not None and deadline < moment:
+            reason = EXPIRED
+        elif orphans and owner and labels.owner_alive(owner) is False:
+            reason = OWNER_GONE
+        else:
+            return None
+        return PrunedResource(kind, rid, name, tags.get(labels.SANDBOX, ""), owner, deadline, reason)
+
+    errors: list[str] = []
+
+    def sweep(
+        found: list[PrunedResource], remove: Callable[[PrunedResource], None]
+    ) -> tuple[PrunedResource, ...]:
+        done: list[PrunedResource] = []
+        for resource in found:
+            if not dry_run:
+                try:
+                    remove(resource)
+                except docker.errors.NotFound:
+                    pass  # removed by someone else meanwhile: gone is what we wanted
+                except (docker.errors.APIError, docker.errors.DockerException, OSError) as exc:
+                    errors.append(f"{resource.kind} {resource.name}: {_explain(exc)}")
+                    continue
+            done.append(resource)
+        return tuple(done)
+
+    def remove_container(resource: PrunedResource) -> None:
+        try:
+            api.remove_container(resource.id, force=True, v=True)
+        except docker.errors.APIError as exc:
+            # 409: a removal of this container is already in progress.
+            if exc.status_code != 409:
+                raise
+
+    with map_docker_errors("listing AgentNest containers"):
+        raw_containers = api.containers(all=True, filters=selector)
+    found = [
+        r
+        for c in raw_containers
+        if (r := pick("container", c["Id"], _container_name(c), c.get("Labels"))) is not None
+    ]
+    containers = sweep(found, remove_container)
+
+    with map_docker_errors("listing AgentNest networks"):
+        raw_networks = api.networks(filters=selector)
+    found = [
+        r
+        for n in raw_networks
+        if (r := pick("network", n["Id"], n.get("Name") or n["Id"][:12], n.get("Labels"))) is not None
+    ]
+    networks = sweep(found, lambda r: api.remove_network(r.id))
+
+    with map_docker_errors("listing AgentNest volumes"):
+        raw_volumes = (api.volumes(filters=selector) or {}).get("Volumes") or []
+    found = [
+        r for v in raw_volumes if (r := pick("volume", v["Name"], v["Name"], v.get("Labels"))) is not None
+    ]
+    volumes = sweep(found, lambda r: api.remove_volume(r.id))
+
+    return PruneReport(containers, networks, volumes, tuple(errors), dry_run)
+
+
+def _parse_deadline(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        deadline = float(value)
+    except ValueError:
+        return None
+    # A label anyone could have set: refuse nan/inf rather than compare them.
+    return deadline if deadline == deadline and abs(deadline) != float("inf") else None
+
+
+def _container_name(container: Mapping[str, Any]) -> str:
+    names = container.get("Names") or []
+    if names:
+        return str(names[0]).lstrip("/")
+    return str(container["Id"])[:12]
+
+
+def _explain(exc: BaseException) -> str:
+    text = getattr(exc, "explanation", None) or str(exc)
+    return str(text)[:300]
+
+
+__all__ = ["EVERYTHING", "EXPIRED", "OWNER_GONE", "PruneReport", "PrunedResource", "prune"]
