@@ -17,7 +17,8 @@ fi
 
 # Register gVisor with Docker.  This kernel's gVisor netstack refuses to start
 # with networking from the root namespace, so `runsc` runs with its network
-# off (AgentNest's default: network denied).
+# off (AgentNest's default: network denied).  --oci-seccomp makes gVisor apply
+# the container's seccomp profile inside the sandbox too (it ignores it otherwise).
 python3 - <<'PY'
 import json, os, shutil
 path = "/etc/docker/daemon.json"
@@ -28,8 +29,8 @@ except FileNotFoundError:
     cfg = {}
 runsc = shutil.which("runsc") or "/usr/bin/runsc"
 want = {
-    "runsc": {"path": runsc, "runtimeArgs": ["--network=none"]},
-    "runsc-host": {"path": runsc, "runtimeArgs": ["--network=host"]},
+    "runsc": {"path": runsc, "runtimeArgs": ["--network=none", "--oci-seccomp"]},
+    "runsc-host": {"path": runsc, "runtimeArgs": ["--network=host", "--oci-seccomp"]},
 }
 runtimes = cfg.setdefault("runtimes", {})
 changed = False
