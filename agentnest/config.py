@@ -8,6 +8,7 @@ guard, the channel and every backend read.  They validate in
 from __future__ import annotations
 
 import math
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -186,9 +187,12 @@ class SandboxConfig:
         if (
             not isinstance(self.workdir, str)
             or not self.workdir.startswith("/")
-            or ".." in self.workdir.split("/")
+            or posixpath.normpath(self.workdir) != self.workdir
+            or self.workdir.startswith("//")
         ):
-            raise ConfigurationError(f"workdir={self.workdir!r} must be an absolute path without '..'")
+            raise ConfigurationError(
+                f"workdir={self.workdir!r} must be a normalised absolute path such as '/workspace'"
+            )
         if self.workdir.rstrip("/") in ("", "/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/lib"):
             raise ConfigurationError(
                 f"workdir={self.workdir!r} would shadow a system directory; use /workspace"
@@ -197,8 +201,18 @@ class SandboxConfig:
             raise ConfigurationError("network must be a NetworkPolicy")
         if not isinstance(self.limits, ResourceLimits):
             raise ConfigurationError("limits must be a ResourceLimits")
-        if not re.match(r"^\d+(:\d+)?$", self.user) or self.user.split(":")[0] == "0":
-            raise ConfigurationError(f"user={self.user!r} must be a non-root numeric UID[:GID]")
+        if (
+            not isinstance(self.user, str)
+            or not re.fullmatch(r"\d{1,10}(:\d{1,10})?", self.user)
+            or int(self.user.split(":")[0]) == 0
+        ):
+            raise ConfigurationError(
+                f"user={self.user!r} must be a non-root numeric UID[:GID], like '65532:65532'"
+            )
+        if not isinstance(self.labels, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()
+        ):
+            raise ConfigurationError("labels must be a mapping of str to str")
         object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
 
     @property

@@ -9,6 +9,7 @@ before the guard has redacted it.
 from __future__ import annotations
 
 import codecs
+import inspect
 import math
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
@@ -101,6 +102,14 @@ class Guard:
         except Exception as exc:
             # A hook that fails does not approve anything.
             self.deny(kind, f"the approval hook raised {type(exc).__name__}: {exc}", details)
+        if inspect.isawaitable(answer):
+            # A coroutine object is truthy: never mistake it for a yes.
+            close = getattr(answer, "close", None)
+            if close is not None:
+                close()
+            self.deny(
+                kind, "the approval hook is async; use it with AsyncSandbox or pass a sync hook", details
+            )
         if not answer:
             self.deny(kind, "the approval hook refused", details)
         self.emit(EventType.APPROVAL_GRANTED, {"kind": kind})

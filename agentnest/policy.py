@@ -64,6 +64,12 @@ class NetworkPolicy:
                 raise ConfigurationError(
                     f"network mode {self.mode!r} is unknown; use 'denied', 'allowlist' or 'open'"
                 ) from None
+        for name in ("domains", "cidrs", "ports"):
+            value: object = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+                raise ConfigurationError(
+                    f"{name} must be a list or tuple, e.g. {name}=('...',), not {value!r:.60}"
+                )
         object.__setattr__(self, "domains", tuple(_check_domain(d) for d in self.domains))
         cidrs = []
         for c in self.cidrs:
@@ -127,7 +133,14 @@ class SecurityPolicy:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
                 raise ConfigurationError(f"{name}={v!r} is out of range; use {low} to {high}")
-        object.__setattr__(self, "allowed_images", tuple(self.allowed_images))
+        images: object = self.allowed_images
+        if isinstance(images, (str, bytes)) or not isinstance(images, (tuple, list)):
+            raise ConfigurationError(
+                f"allowed_images must be a list or tuple of patterns, not {images!r:.60}"
+            )
+        if not all(isinstance(p, str) and p.strip() for p in images):
+            raise ConfigurationError("allowed_images must hold non-empty pattern strings")
+        object.__setattr__(self, "allowed_images", tuple(images))
 
     def check_image(self, image: str) -> str | None:
         """Return why ``image`` is refused, or None if it is acceptable."""

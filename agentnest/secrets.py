@@ -65,15 +65,36 @@ class StreamRedactor:
     def feed(self, chunk: str) -> str:
         if not self._secrets:
             return chunk
-        text = redact(self._pending + chunk, self._secrets)
-        cut = len(text)
-        for i in range(max(0, len(text) - self._hold), len(text)):
-            tail = text[i:]
-            if any(s.startswith(tail) for s in self._secrets):
+        raw = self._pending + chunk
+        cut = self._safe_cut(raw)
+        self._pending = raw[cut:]
+        return redact(raw[:cut], self._secrets)
+
+    def _safe_cut(self, raw: str) -> int:
+        """How much of ``raw`` can be released without splitting a secret.
+
+        Hold back the longest tail that may still become a secret (a proper
+        prefix of one, including a complete short secret that a longer one
+        starts with), and never cut through an occurrence of a secret.
+        """
+        cut = len(raw)
+        for i in range(max(0, len(raw) - self._hold), len(raw)):
+            tail = raw[i:]
+            if any(len(tail) < len(s) and s.startswith(tail) for s in self._secrets):
                 cut = i
                 break
-        self._pending = text[cut:]
-        return text[:cut]
+        moved = True
+        while moved:
+            moved = False
+            for secret in self._secrets:
+                start = raw.find(secret, max(0, cut - len(secret) + 1))
+                while start != -1 and start < cut:
+                    if start + len(secret) > cut:
+                        cut = start
+                        moved = True
+                        break
+                    start = raw.find(secret, start + 1)
+        return cut
 
     def flush(self) -> str:
         out, self._pending = self._pending, ""

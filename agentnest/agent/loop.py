@@ -97,7 +97,10 @@ class Agent:
                 elif tag == "wake":
                     self._drain_wake()
                 elif tag == "stdin":
-                    self._pump_stdin(self.fd_owner[key.fd])
+                    # An earlier event of this batch may have closed it.
+                    owner = self.fd_owner.get(key.fd)
+                    if owner is not None:
+                        self._pump_stdin(owner)
                 else:
                     self._read_output(key.fd)
             self._reap()
