@@ -25,15 +25,25 @@ MARKER = "AGENTNEST_EXEC"
 DRAIN_GRACE = 0.1
 
 
-def set_subreaper() -> bool:
-    """Make this process the reaper of orphaned descendants (Linux only)."""
+def harden() -> Dict[str, bool]:
+    """Process attributes the agent sets on itself (Linux; best effort).
+
+    * child subreaper: orphaned descendants are reparented to the agent and
+      reaped, and stay attributable to their command;
+    * not dumpable: processes of the same UID (the sandboxed code) cannot
+      open ``/proc/<agent>/fd/*`` or ptrace it, so they cannot inject bytes
+      into its channel.  (Code can still kill the agent; the host restarts it.)
+    """
+    done = {"subreaper": False, "undumpable": False}
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(36, 1, 0, 0, 0) == 0)  # PR_SET_CHILD_SUBREAPER
-    except Exception:  # pragma: no cover - non-Linux or no ctypes
-        return False
+        done["subreaper"] = libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+        done["undumpable"] = libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
+    except Exception:  # noqa: S110 - non-Linux or no ctypes: run without them
+        pass
+    return done
 
 
 class Command:

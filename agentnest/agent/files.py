@@ -15,7 +15,9 @@ import os
 import stat
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# No O_DIRECTORY: some kernels (gVisor 2022) follow a final symlink when
+# O_DIRECTORY is combined with O_NOFOLLOW.  Open without it, then check.
+_DIR_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -76,6 +78,24 @@ def _oserror(exc: OSError, rel: str) -> FileError:
     return FileError(code, f"{rel!r}: {os.strerror(exc.errno or 0)}")
 
 
+def open_dir(name: str, dir_fd: Optional[int] = None) -> int:
+    """Open a directory without following a symlink; refuse anything else."""
+    import errno
+
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd) if dir_fd is not None else os.open(name, _DIR_FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISDIR(mode):
+        os.close(fd)
+        if stat.S_ISLNK(mode):
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+        raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+    return fd
+
+
 class Workspace:
     """The workspace root and the operations on paths below it."""
 
@@ -86,7 +106,7 @@ class Workspace:
 
     def root_fd(self) -> int:
         if self._root_fd is None:
-            self._root_fd = os.open(self.root, _DIR_FLAGS)
+            self._root_fd = open_dir(self.root)
         return self._root_fd
 
     def _walk(self, parts: List[str], rel: str, create: bool = False) -> int:
@@ -95,7 +115,7 @@ class Workspace:
         try:
             for part in parts[:-1]:
                 try:
-                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    nfd = open_dir(part, fd)
                 except FileNotFoundError:
                     if not create:
                         raise
@@ -103,7 +123,7 @@ class Workspace:
                         os.mkdir(part, 0o755, dir_fd=fd)
                     except FileExistsError:
                         pass
-                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    nfd = open_dir(part, fd)
                 os.close(fd)
                 fd = nfd
         except OSError as exc:
@@ -167,7 +187,7 @@ class Workspace:
         if parts:
             pfd = self._walk(parts, rel)
             try:
-                dfd = os.open(parts[-1], _DIR_FLAGS, dir_fd=pfd)
+                dfd = open_dir(parts[-1], pfd)
             except OSError as exc:
                 raise _oserror(exc, rel) from None
             finally:
@@ -198,7 +218,7 @@ class Workspace:
             out.append(_entry(path, st))
             if recursive and stat.S_ISDIR(st.st_mode):
                 try:
-                    sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
+                    sub = open_dir(entry.name, dfd)
                 except OSError:
                     continue
                 try:
@@ -311,7 +331,7 @@ class Workspace:
 
 def _rmtree_at(pfd: int, name: str) -> None:
     """Remove a directory tree through descriptors only, never following links."""
-    dfd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+    dfd = open_dir(name, pfd)
     try:
         with os.scandir(dfd) as it:
             entries = list(it)

@@ -19,6 +19,9 @@ from . import files, wire
 
 AGENT_VERSION = "0.4.0"
 CAPABILITIES = ["exec", "stream", "stdin", "files", "tree-kill"]
+#: While commands run, the agent sends at least one frame this often, so the
+#: host can tell a busy agent from a stalled channel.
+HEARTBEAT = 1.0
 #: Largest body the agent puts in one output frame.
 OUT_CHUNK = 256 * 1024
 #: Largest file read served, unless the request asks for less.
@@ -40,11 +43,14 @@ class Agent:
         self.running = True
         self.base_env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTNEST_")}
         self.subreaper = False
+        self.undumpable = False
+        self.last_sent = time.monotonic()
         self._wake_r, self._wake_w = os.pipe()
 
     # -- output ----------------------------------------------------------
 
     def send(self, header: Dict[str, Any], body: bytes = b"") -> None:
+        self.last_sent = time.monotonic()
         data = memoryview(wire.encode(header, body))
         while data:
             try:
@@ -65,7 +71,9 @@ class Agent:
     # -- main loop -------------------------------------------------------
 
     def run(self) -> None:
-        self.subreaper = execmod.set_subreaper()
+        hardened = execmod.harden()
+        self.subreaper = hardened["subreaper"]
+        self.undumpable = hardened["undumpable"]
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
         signal.set_wakeup_fd(self._wake_w)
@@ -85,6 +93,7 @@ class Agent:
                 "python": "%d.%d.%d" % sys.version_info[:3],
                 "workspace": self.workspace.root,
                 "subreaper": self.subreaper,
+                "undumpable": self.undumpable,
                 "caps": CAPABILITIES,
             }
         )
@@ -105,12 +114,16 @@ class Agent:
                     self._read_output(key.fd)
             self._reap()
             self._check_deadlines()
+            if self.commands and time.monotonic() - self.last_sent >= HEARTBEAT:
+                self.send({"t": "beat"})
         for cmd in list(self.commands.values()):
             execmod.kill_tree(cmd.pid, cmd.marker)
 
     def _next_timeout(self) -> Optional[float]:
         now = time.monotonic()
         best: Optional[float] = None
+        if self.commands:
+            best = max(0.0, self.last_sent + HEARTBEAT - now)
         for cmd in self.commands.values():
             for when in (cmd.deadline, cmd.exited_at and cmd.exited_at + execmod.DRAIN_GRACE):
                 if when:

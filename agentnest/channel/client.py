@@ -42,6 +42,10 @@ __all__ = ["Channel", "ExecHandle", "RawExit"]
 WRITE_CHUNK = 1024 * 1024
 _HELLO = 0
 _QUEUE_DEPTH = 256
+#: While a command runs the agent sends a frame at least every second (a
+#: heartbeat).  No complete frame for this long means the channel is stuck,
+#: e.g. sandbox code wrote half a frame into it.
+STALL_AFTER = 10.0
 
 
 class _Pending:
@@ -65,6 +69,7 @@ class Channel:
         self._broken: str | None = None
         self._reader: threading.Thread | None = None
         self.hello: Hello | None = None
+        self._last_frame = time.monotonic()
 
     @classmethod
     def connect(cls, stream: ByteStream, bundle: bytes | None, timeout: float = 30.0) -> Channel:
@@ -123,6 +128,7 @@ class Channel:
         self._stream.close()
 
     def _dispatch(self, frame: Frame) -> None:
+        self._last_frame = time.monotonic()
         header = frame[0]
         rid = _HELLO if header["t"] == "hello" else header.get("id")
         if rid is None:
@@ -180,23 +186,34 @@ class Channel:
             self._fail(f"writing to the agent failed ({exc})")
             raise ChannelError(f"the agent channel is closed: {self._broken}") from None
 
-    def _get(self, p: _Pending, deadline: float | None, what: str) -> Frame:
+    def _get(self, p: _Pending, deadline: float | None, what: str, stall: float | None = None) -> Frame:
         while True:
-            wait = None if deadline is None else deadline - time.monotonic()
+            now = time.monotonic()
+            wait = None if deadline is None else deadline - now
             if wait is not None and wait <= 0:
                 raise self._timeout(what)
+            if stall is not None:
+                quiet = now - self._last_frame
+                if quiet >= stall:
+                    raise self._timeout(what, stalled=quiet)
+                wait = stall - quiet if wait is None else min(wait, stall - quiet)
             try:
                 item = p.q.get(timeout=wait)
             except queue.Empty:
-                raise self._timeout(what) from None
+                continue
             if item is None:
                 raise ChannelError(f"the agent channel is closed: {self._broken}")
             return item
 
-    def _timeout(self, what: str) -> ChannelError:
+    def _timeout(self, what: str, stalled: float | None = None) -> ChannelError:
         # An agent that misses a deadline is misbehaving: drop the channel so
         # the owner starts a fresh agent instead of waiting on this one.
         self.close("the agent stopped answering")
+        if stalled is not None:
+            return ChannelError(
+                f"the channel stalled for {stalled:.0f}s (no heartbeat) while waiting for {what}; "
+                "it was reset"
+            )
         return ChannelError(f"the agent did not deliver {what} in time; the channel was reset")
 
     # -- requests ----------------------------------------------------------
@@ -330,7 +347,9 @@ class ExecHandle:
     def next_event(self, deadline: float | None) -> tuple[int, bytes] | RawExit:
         """The next ``(fd, bytes)`` of output, or the :class:`RawExit` at the end."""
         while True:
-            header, body = self._channel._get(self._pending, deadline, "the command's result")
+            header, body = self._channel._get(
+                self._pending, deadline, "the command's result", stall=STALL_AFTER
+            )
             kind = header["t"]
             if kind == "out":
                 fd = header.get("fd")

@@ -10,7 +10,8 @@ security choice, explained where it is set):
   mounts with a fixed size, so the sandbox cannot fill the host's disk;
 * PID 1 is the deadline keeper, which reaps orphans like an init and
   which sandbox code cannot kill;
-* a bounded json-file log, so sandbox code cannot grow it without limit;
+* no container log (``none`` driver): the agent's stream is the container's
+  stdio, and no host file records it or grows with it;
 * labels with owner and deadline; the container's main process is the
   deadline keeper, so the container stops itself at its deadline even if
   the host process died (see :mod:`agentnest.runtime.bootstrap`).
@@ -156,6 +157,17 @@ class DockerBackend(RuntimeBackend):
                 f"(it has: {', '.join(sorted(runtimes)) or 'none'}); install it and add it under "
                 "'runtimes' in /etc/docker/daemon.json (`make engine` does this for runsc)"
             )
+        if self._is_gvisor():
+            spec = runtimes.get(self.spec.oci_runtime) or {}
+            args = spec.get("runtimeArgs") or []
+            if "--oci-seccomp" not in args:
+                # Without it gVisor silently ignores the seccomp profile: refuse
+                # rather than hand out a sandbox weaker than it claims to be.
+                raise RuntimeNotAvailableError(
+                    f"OCI runtime {self.spec.oci_runtime!r} is registered without --oci-seccomp, so gVisor "
+                    'would ignore AgentNest\'s seccomp profile; add "--oci-seccomp" to its runtimeArgs in '
+                    "/etc/docker/daemon.json (`make engine` does) and reload dockerd"
+                )
 
     def capabilities(self) -> frozenset[Capability]:
         caps = {
@@ -228,14 +240,11 @@ class DockerBackend(RuntimeBackend):
             init=False,
             runtime=self.spec.oci_runtime,
             ipc_mode="private",
-            # The log is the only host file the sandbox can write to: cap it.
-            log_config=docker.types.LogConfig(
-                type="json-file", config={"max-size": self.spec.log_max_size, "max-file": "1"}
-            ),
-            ulimits=[
-                docker.types.Ulimit(name="core", soft=0, hard=0),
-                docker.types.Ulimit(name="nofile", soft=4096, hard=4096),
-            ],
+            # No container log: the agent channel runs over the container's
+            # stdio, so a log would keep every command's output (secrets
+            # included) in a host file that sandbox code could grow at will.
+            log_config=docker.types.LogConfig(type="none", config={}),
+            ulimits=self._ulimits(config),
             # Under memory pressure on the host, the sandbox dies first.
             oom_score_adj=500,
             device_requests=device_requests,
@@ -267,7 +276,10 @@ class DockerBackend(RuntimeBackend):
             info={"container": cid, "user": f"{uid}:{gid}", "workdir": config.workdir, "env": env},
         )
         try:
-            with map_docker_errors("starting the sandbox container", config.image):
+            with (
+                _explain_start_failure(config.image, self.spec.python),
+                map_docker_errors("starting the sandbox container", config.image),
+            ):
                 # Attach before start so the agent's first bytes are not lost.
                 wrapper = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
                 handle.info["stream"] = DockerMuxStream(
@@ -332,8 +344,8 @@ class DockerBackend(RuntimeBackend):
 
         try:
             raw = self.api.logs(handle.info["container"], tail=tail)
-        except docker.errors.NotFound:
-            return ""
+        except docker.errors.APIError:
+            return ""  # gone, or the "none" log driver (the default here)
         return bytes(raw[-65536:]).decode("utf-8", "replace")
 
     def close(self) -> None:
@@ -342,6 +354,29 @@ class DockerBackend(RuntimeBackend):
             self._api = None
 
     # -- helpers -------------------------------------------------------------
+
+    def _ulimits(self, config: SandboxConfig) -> list[Any]:
+        import docker.types
+
+        limits = config.limits
+        out = [
+            docker.types.Ulimit(name="core", soft=0, hard=0),
+            docker.types.Ulimit(name="nofile", soft=4096, hard=4096),
+        ]
+        if self._is_gvisor():
+            # gVisor keeps all of a sandbox's memory and processes in one host
+            # process tree: a workload that hits the cgroup's memory or PID
+            # limit takes the whole sandbox down with it.  Per-sandbox rlimits,
+            # enforced by gVisor's own kernel, stop the offending process
+            # first.  (Not on runc: there RLIMIT_NPROC counts every process of
+            # UID 65532 on the host, across all sandboxes.)
+            address_space = max(limits.memory - limits.workspace - limits.scratch, 128 * 2**20)
+            out.append(docker.types.Ulimit(name="nproc", soft=limits.pids, hard=limits.pids))
+            out.append(docker.types.Ulimit(name="as", soft=address_space, hard=address_space))
+        return out
+
+    def _is_gvisor(self) -> bool:
+        return self.spec.oci_runtime.startswith("runsc")
 
     def _pids_ceiling(self, pids: int) -> int:
         """The cgroup PID limit that gives the workload ``pids`` processes.
@@ -352,7 +387,7 @@ class DockerBackend(RuntimeBackend):
         The headroom keeps the limit meaningful (a fork bomb still stops)
         without starving gVisor itself.
         """
-        if self.spec.oci_runtime.startswith("runsc"):
+        if self._is_gvisor():
             return pids * 3 + 256
         return pids
 
@@ -374,6 +409,22 @@ class DockerBackend(RuntimeBackend):
             self.api.pull(repo, tag=tag)
         except (docker.errors.APIError, docker.errors.DockerException, OSError):
             raise ImageNotFoundError(_missing_image_hint(image)) from None
+
+
+@contextlib.contextmanager
+def _explain_start_failure(image: str, python: str) -> Iterator[None]:
+    """Name the usual cause when the keeper cannot start: no Python in the image."""
+    try:
+        yield
+    except BackendError as exc:
+        text = str(exc)
+        if "executable file not found" in text or "no such file or directory" in text.lower():
+            raise BackendError(
+                f"the image {image!r} cannot run {python!r}, which the in-sandbox agent needs; use an image "
+                f"with python3 (e.g. the default, `agentnest image base`) or set DockerSpec(python=...). "
+                f"Engine said: {text[-300:]}"
+            ) from None
+        raise
 
 
 def _base_repository() -> str:
