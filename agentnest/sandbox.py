@@ -198,7 +198,8 @@ class Sandbox:
         if time.time() >= self._handle.deadline:
             raise SandboxDestroyedError(f"sandbox {self.id} reached its deadline and stopped")
         if not self._backend.is_running(self._handle):
-            raise SandboxDestroyedError(f"sandbox {self.id} is no longer running (it was stopped or killed)")
+            reason = self._backend.exit_reason(self._handle) or "it was stopped or killed"
+            raise SandboxDestroyedError(f"sandbox {self.id} is no longer running: {reason}")
 
     def _lost(self, exc: ChannelError) -> Exception:
         """Explain a broken channel: the sandbox ended, or only its agent did."""

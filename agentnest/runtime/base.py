@@ -106,6 +106,10 @@ class RuntimeBackend(ABC):
         """Whether the sandbox still exists and runs (best effort)."""
         return True
 
+    def exit_reason(self, handle: SandboxHandle) -> str | None:
+        """Why a sandbox that is no longer running stopped, if known."""
+        return None
+
     def logs(self, handle: SandboxHandle, tail: int = 200) -> str:
         """The sandbox's own log (bounded), if the backend keeps one."""
         return ""

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 #: How long after its deadline a container is force-removed by ``destroy``
 #: callers that find it still running; the keeper normally stops it first.
+#: Memory gVisor's own kernel (the Sentry) needs beside the workload.
+_GVISOR_OVERHEAD = 48 * 2**20
 _CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -339,6 +341,20 @@ class DockerBackend(RuntimeBackend):
             return False
         return bool(state.get("Running"))
 
+    def exit_reason(self, handle: SandboxHandle) -> str | None:
+        import docker.errors
+
+        try:
+            state = self.api.inspect_container(handle.info["container"])["State"]
+        except docker.errors.NotFound:
+            return "its container was removed"
+        if state.get("OOMKilled"):
+            gvisor = " (under gVisor the whole sandbox shares one memory limit)" if self._is_gvisor() else ""
+            return f"it ran out of memory and the engine killed it{gvisor}; raise memory= or use less"
+        if not state.get("Running"):
+            return f"its container exited with code {state.get('ExitCode')}"
+        return None
+
     def logs(self, handle: SandboxHandle, tail: int = 200) -> str:
         import docker.errors
 
@@ -370,7 +386,10 @@ class DockerBackend(RuntimeBackend):
             # enforced by gVisor's own kernel, stop the offending process
             # first.  (Not on runc: there RLIMIT_NPROC counts every process of
             # UID 65532 on the host, across all sandboxes.)
-            address_space = max(limits.memory - limits.workspace - limits.scratch, 128 * 2**20)
+            # The Sentry itself needs memory too (_GVISOR_OVERHEAD).
+            address_space = max(
+                limits.memory - limits.workspace - limits.scratch - _GVISOR_OVERHEAD, 64 * 2**20
+            )
             out.append(docker.types.Ulimit(name="nproc", soft=limits.pids, hard=limits.pids))
             out.append(docker.types.Ulimit(name="as", soft=address_space, hard=address_space))
         return out
@@ -388,7 +407,7 @@ class DockerBackend(RuntimeBackend):
         without starving gVisor itself.
         """
         if self._is_gvisor():
-            return pids * 3 + 256
+            return pids * 6 + 512
         return pids
 
     def _arch(self) -> str:

@@ -1,0 +1,1 @@
+"""Integration tests: AgentNest's claims checked against the real Docker engine."""

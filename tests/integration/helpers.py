@@ -1,0 +1,99 @@
+"""Helpers for the integration tests (engine look-ups, in-sandbox probes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agentnest import Sandbox
+
+SANDBOX_UID = 65532
+OCI_RUNTIME = {"docker": "runc", "gvisor": "runsc"}
+
+#: argv of every process in the sandbox, as JSON (coreutils ``ps``/``ls`` do
+#: not work under this gVisor, so the probe reads /proc itself).
+PROCESSES = r"""
+import json, os
+out = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit() and int(pid) != os.getpid():
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        if raw:
+            out.append([a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")])
+print(json.dumps(out))
+"""
+
+
+def owner_label() -> str:
+    """The ``agentnest.owner`` label of sandboxes created by this process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def containers_of(client: Any, sandbox_id: str) -> list[Any]:
+    """Every container (running or not) labelled with this sandbox id."""
+    return list(client.containers.list(all=True, filters={"label": f"agentnest.sandbox={sandbox_id}"}))
+
+
+def container_of(client: Any, sb: Sandbox) -> Any:
+    (found,) = containers_of(client, sb.id)
+    return found
+
+
+def owned_containers(client: Any) -> set[str]:
+    """Ids of every container this test process created (other sessions may share the engine)."""
+    found = client.containers.list(all=True, filters={"label": f"agentnest.owner={owner_label()}"})
+    return {c.id for c in found}
+
+
+def wait_until_stopped(client: Any, sandbox_id: str, within: float) -> float | None:
+    """Poll until no container of the sandbox runs; return the seconds it took, or None."""
+    start = time.monotonic()
+    while time.monotonic() - start < within:
+        running = [c for c in containers_of(client, sandbox_id) if c.status == "running"]
+        if not running:
+            return time.monotonic() - start
+        time.sleep(0.25)
+    return None
+
+
+def processes(sb: Sandbox) -> list[list[str]]:
+    found: list[list[str]] = sb.exec_json(PROCESSES, timeout=30)
+    return found
+
+
+def xfail_on(request: pytest.FixtureRequest, backend_name: str, backend: str, reason: str) -> None:
+    """Expect this test to fail (strictly) on one runtime: a known bug there."""
+    if backend_name == backend:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+class Background:
+    """Run a call in a thread and keep its outcome (never an unhandled thread error)."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._call = call
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self._call()
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True if the call has finished."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
