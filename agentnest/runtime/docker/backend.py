@@ -123,6 +123,7 @@ class DockerBackend(RuntimeBackend):
         self._api: docker.APIClient | None = None
         self._info: dict[str, Any] | None = None
         self._lock = threading.Lock()
+        self._known_images: set[str] = set()
 
     # -- engine --------------------------------------------------------------
 
@@ -416,9 +417,12 @@ class DockerBackend(RuntimeBackend):
     def _ensure_image(self, image: str) -> None:
         import docker.errors
 
+        if image in self._known_images:
+            return  # seen before; if it was removed since, create reports it
         try:
             with map_docker_errors("looking up the image", image):
                 self.api.inspect_image(image)  # type: ignore[no-untyped-call]
+            self._known_images.add(image)
             return
         except ImageNotFoundError:
             if not self.spec.pull or image.startswith(_base_repository() + ":"):
