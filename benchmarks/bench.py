@@ -1,0 +1,1012 @@
+#!/usr/bin/env python3
+"""AgentNest benchmarks, each next to a floor measured in the same run on plain docker-py.
+
+Usage::
+
+    python benchmarks/bench.py [--quick] [--backend docker|gvisor|all] [--json PATH]
+
+For every selected backend (``docker`` = runc, ``gvisor`` = runsc) this prints one line
+per measurement: n, p50 and p95 of AgentNest, the same for the floor (the closest thing
+docker-py does on its own, same image, same OCI runtime, ``network_mode="none"``), and the
+ratio ours/floor.  A summary table with the targets and PASS/MISS closes the report; a
+miss is reported, never raised.  ``--json PATH`` writes every sample.
+
+What each measurement is, and why, is in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import json
+import logging
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import traceback
+import tracemalloc
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Run from a checkout without installing: `python benchmarks/bench.py`.
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import docker  # noqa: E402
+import docker.errors  # noqa: E402
+from docker.models.containers import Container  # noqa: E402
+
+import agentnest  # noqa: E402
+from agentnest import Sandbox, SecurityPolicy  # noqa: E402
+from agentnest.sandbox import default_image  # noqa: E402
+
+#: Backend name -> OCI runtime the floor uses.
+BACKENDS: dict[str, str] = {"docker": "runc", "gvisor": "runsc"}
+#: Label on every floor container, so a leftover one is easy to find (`docker ps -f label=...`).
+FLOOR_LABELS = {"agentnest-bench.role": "floor"}
+MB = 1_000_000  # throughput and memory are reported in MB = 10^6 bytes
+FILE_SIZE = 10 * 2**20  # 10 MiB
+STDOUT_SIZE = 50 * 2**20  # 52428800 bytes
+STDOUT_CMD = f"head -c {STDOUT_SIZE} /dev/zero"
+BIG_OUTPUT_LIMIT = 64_000_000
+PAR_SANDBOXES = 16
+PAR_EXECS = 20
+TRACED = 2  # sandboxes created under tracemalloc in the memory child
+
+
+# -- plan --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sample counts: full run or ``--quick``."""
+
+    quick: bool
+    cold: int
+    warm: int
+    warm_floor: int
+    python: int
+    python_floor: int
+    files: int
+    stdout: int
+    par_rounds: int
+    par_floor_execs: int
+    mem_stats: int
+    mem_rss: int
+
+    @classmethod
+    def make(cls, quick: bool) -> Plan:
+        if quick:
+            return cls(True, 8, 100, 20, 20, 10, 8, 3, 1, 5, 8, 8)
+        return cls(False, 20, 300, 50, 50, 20, 20, 5, 3, 10, 8, 16)
+
+
+# -- statistics --------------------------------------------------------------------------
+
+
+def percentile(samples: list[float], q: int) -> float:
+    """The q-th percentile (1..99), interpolated between closest ranks."""
+    if len(samples) == 1:
+        return samples[0]
+    return statistics.quantiles(sorted(samples), n=100, method="inclusive")[q - 1]
+
+
+@dataclass
+class Series:
+    """Samples of one side of a measurement.
+
+    ``samples`` are seconds for ``ms`` and rate units (a rate is ``work / seconds``, so
+    its p95 is the slow tail: the rate of the 95th-percentile duration), and plain values
+    for ``MB``.
+    """
+
+    label: str
+    unit: str  # "ms" | "MB/s" | "execs/s" | "MB"
+    samples: list[float] = field(default_factory=list)
+    work: float = 1.0
+    count: int | None = None  # shown as n when a sample aggregates several objects
+
+    @property
+    def n(self) -> int:
+        return self.count if self.count is not None else len(self.samples)
+
+    def _show(self, value: float) -> float:
+        if self.unit == "ms":
+            return value * 1e3
+        if self.unit.endswith("/s"):
+            return self.work / value if value > 0 else float("inf")
+        return value
+
+    @property
+    def p50(self) -> float | None:
+        return self._show(percentile(self.samples, 50)) if self.samples else None
+
+    @property
+    def p95(self) -> float | None:
+        return self._show(percentile(self.samples, 95)) if self.samples else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "unit": self.unit,
+            "n": self.n,
+            "p50": self.p50,
+            "p95": self.p95,
+            "work": self.work,
+            "samples": self.samples,
+        }
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal from the issue: ``ratio_le`` (ours/floor <=), ``p50_le`` or ``p50_ge``."""
+
+    kind: str
+    value: float
+
+    def text(self, unit: str) -> str:
+        if self.kind == "ratio_le":
+            return f"p50 <= {self.value:g}x floor"
+        op = "<=" if self.kind == "p50_le" else ">="
+        return f"p50 {op} {self.value:g} {unit}"
+
+    def check(self, result: Result) -> bool | None:
+        p50 = result.ours.p50
+        if self.kind == "ratio_le":
+            ratio = result.ratio
+            return None if ratio is None else ratio <= self.value
+        if p50 is None:
+            return None
+        return p50 <= self.value if self.kind == "p50_le" else p50 >= self.value
+
+
+@dataclass
+class Result:
+    backend: str
+    key: str
+    name: str
+    ours: Series
+    floor: Series | None = None
+    target: Target | None = None
+    higher_is_better: bool = False
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        ours = self.ours.p50
+        floor = self.floor.p50 if self.floor is not None else None
+        if ours is None or not floor:
+            return None
+        return ours / floor
+
+    @property
+    def verdict(self) -> str:
+        if self.error is not None:
+            return "ERROR"
+        if self.target is None:
+            return "-"
+        ok = self.target.check(self)
+        return "n/a" if ok is None else ("PASS" if ok else "MISS")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "key": self.key,
+            "name": self.name,
+            "better": "higher" if self.higher_is_better else "lower",
+            "ours": self.ours.to_json(),
+            "floor": self.floor.to_json() if self.floor else None,
+            "ratio": self.ratio,
+            "target": self.target.text(self.ours.unit) if self.target else None,
+            "verdict": self.verdict,
+            "notes": self.notes,
+            "error": self.error,
+        }
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if unit in ("ms", "MB") and value < 10:
+        return f"{value:.2f} {unit}"
+    return f"{value:.1f} {unit}"
+
+
+def fmt_series(s: Series) -> str:
+    return f"n={s.n} p50={fmt(s.p50, s.unit)} p95={fmt(s.p95, s.unit)}"
+
+
+def report(result: Result) -> None:
+    """Print one measurement as soon as it is done."""
+    head = f"[{result.backend}] {result.key} {result.name}"
+    if result.error is not None:
+        print(f"{head}: ERROR {result.error}", flush=True)
+        return
+    line = f"{head}: {fmt_series(result.ours)}"
+    if result.floor is not None:
+        line += f" | floor {result.floor.label}: {fmt_series(result.floor)}"
+        ratio = result.ratio
+        better = "higher" if result.higher_is_better else "lower"
+        line += f" | ours/floor {ratio:.2f}x ({better} is better)" if ratio is not None else " | ratio n/a"
+    if result.target is not None:
+        line += f" | target {result.target.text(result.ours.unit)}: {result.verdict}"
+    print(line, flush=True)
+    for note in result.notes:
+        print(f"    - {note}", flush=True)
+
+
+# -- resources ---------------------------------------------------------------------------
+
+
+class Reaper:
+    """Removes every sandbox and floor container it was given, even on errors or Ctrl-C."""
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def add(self, undo: Callable[[], None]) -> None:
+        with self._lock:
+            self._undo.append(undo)
+
+    def sandbox(self, backend: str, **kwargs: Any) -> Sandbox:
+        sandbox = Sandbox(backend=backend, **kwargs)
+        self.add(sandbox.destroy)
+        return sandbox
+
+    def container(self, floor: Floor, command: list[str]) -> Container:
+        container = floor.run(command)
+        self.add(lambda: remove_quietly(container))
+        return container
+
+    def close(self) -> None:
+        with self._lock:
+            undo, self._undo = self._undo[::-1], []
+        if not undo:
+            return
+        with ThreadPoolExecutor(max_workers=min(8, len(undo))) as pool:
+            for future in [pool.submit(fn) for fn in undo]:
+                try:
+                    future.result()
+                except Exception as exc:
+                    print(f"    ! cleanup failed: {exc}", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> Reaper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def remove_quietly(container: Container) -> None:
+    with contextlib.suppress(docker.errors.NotFound):
+        container.remove(force=True)
+
+
+class Floor:
+    """Plain docker-py on the same image and OCI runtime, no network: the floor."""
+
+    def __init__(self, client: docker.DockerClient, image: str, runtime: str) -> None:
+        self.client = client
+        self.image = image
+        self.runtime = runtime
+
+    def run(self, command: list[str], **kwargs: Any) -> Container:
+        container: Container = self.client.containers.run(
+            self.image,
+            command,
+            detach=True,
+            runtime=self.runtime,
+            network_mode="none",
+            labels=FLOOR_LABELS,
+            **kwargs,
+        )
+        return container
+
+    def idle(self, reaper: Reaper) -> Container:
+        """A running container to exec into; /tmp is a tmpfs, as in a sandbox."""
+        container = self.run(["sleep", "infinity"], tmpfs={"/tmp": "rw,size=64m,mode=1777"})
+        reaper.add(lambda: remove_quietly(container))
+        return container
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def exec_ok(container: Container, argv: list[str], expect: bytes | None = None) -> bytes:
+    code, output = container.exec_run(argv)
+    if not isinstance(output, bytes):  # only streamed exec_run yields an iterator
+        raise TypeError("exec_run returned a stream")
+    if code != 0 or (expect is not None and output != expect):
+        raise RuntimeError(f"floor exec {argv[:3]} failed: exit {code}, output {output[:200]!r}")
+    return output
+
+
+# -- measurements ------------------------------------------------------------------------
+
+
+def bench_cold_start(backend: str, floor: Floor, plan: Plan) -> Result:
+    ours = Series("Sandbox()+exec_shell+destroy", "ms")
+    base = Series("run(true)+wait+remove", "ms")
+    # Phase times of every sample: where a miss comes from.
+    ours_phases: dict[str, list[float]] = {"Sandbox()": [], "first exec": [], "destroy": []}
+    base_phases: dict[str, list[float]] = {"run": [], "wait": [], "remove": []}
+    with Reaper() as reaper:
+
+        def one_ours() -> list[float]:
+            t0 = time.perf_counter()
+            sandbox = reaper.sandbox(backend)
+            t1 = time.perf_counter()
+            result = sandbox.exec_shell("echo hi")
+            t2 = time.perf_counter()
+            sandbox.destroy()
+            t3 = time.perf_counter()
+            if result.stdout != "hi\n":
+                raise RuntimeError(f"unexpected output {result.stdout!r}")
+            return [t1 - t0, t2 - t1, t3 - t2]
+
+        def one_floor() -> list[float]:
+            t0 = time.perf_counter()
+            container = floor.run(["true"])
+            t1 = time.perf_counter()
+            reaper.add(lambda: remove_quietly(container))
+            status = container.wait()
+            t2 = time.perf_counter()
+            container.remove()
+            t3 = time.perf_counter()
+            if status.get("StatusCode") != 0:
+                raise RuntimeError(f"floor container exited with {status}")
+            return [t1 - t0, t2 - t1, t3 - t2]
+
+        one_ours()  # warm-up: imports, engine info, image lookup, page cache
+        one_floor()
+        for _ in range(plan.cold):  # ABAB, so drift hits both sides alike
+            for side, phases, fn in ((ours, ours_phases, one_ours), (base, base_phases, one_floor)):
+                parts = fn()
+                side.samples.append(sum(parts))
+                for name, value in zip(phases, parts, strict=True):
+                    phases[name].append(value)
+
+    def breakdown(phases: dict[str, list[float]]) -> str:
+        return ", ".join(f"{name} {percentile(v, 50) * 1e3:.0f} ms" for name, v in phases.items())
+
+    notes = [f"p50 by phase: ours {breakdown(ours_phases)}; floor {breakdown(base_phases)}"]
+    return Result(backend, "1", "cold start", ours, base, Target("ratio_le", 1.1), notes=notes)
+
+
+def bench_warm_exec(backend: str, floor: Floor, plan: Plan) -> Result:
+    ours = Series('exec_shell("echo hi")', "ms")
+    base = Series('exec_run(["true"])', "ms")
+    inside: list[float] = []
+    with Reaper() as reaper:
+        sandbox = reaper.sandbox(backend)
+        for _ in range(20):
+            sandbox.exec_shell("echo hi")
+        for _ in range(plan.warm):
+            t0 = time.perf_counter()
+            result = sandbox.exec_shell("echo hi")
+            ours.samples.append(time.perf_counter() - t0)
+            inside.append(result.duration)
+        container = floor.idle(reaper)
+        for _ in range(5):
+            exec_ok(container, ["true"], b"")
+        for _ in range(plan.warm_floor):
+            base.samples.append(timed(lambda: exec_ok(container, ["true"], b"")))
+    notes = [
+        f"process time inside the sandbox (ExecutionResult.duration, sh -c 'echo hi'): "
+        f"p50 {percentile(inside, 50) * 1e3:.2f} ms, p95 {percentile(inside, 95) * 1e3:.2f} ms"
+    ]
+    return Result(backend, "2", "warm exec", ours, base, Target("p50_le", 2.0), notes=notes)
+
+
+def bench_exec_python(backend: str, floor: Floor, plan: Plan) -> list[Result]:
+    ours = Series('exec_python("print(6*7)")', "ms")
+    base = Series("exec_run(python3 -c print(6*7))", "ms")
+    ref = Series('exec(["python3","-c","pass"])', "ms")
+    inside: list[float] = []
+    with Reaper() as reaper:
+        sandbox = reaper.sandbox(backend)
+        for _ in range(3):
+            sandbox.exec_python("print(6*7)")
+        for _ in range(plan.python):
+            t0 = time.perf_counter()
+            result = sandbox.exec_python("print(6*7)")
+            ours.samples.append(time.perf_counter() - t0)
+            if result.stdout != "42\n":
+                raise RuntimeError(f"unexpected output {result.stdout!r}")
+        for _ in range(plan.python):
+            t0 = time.perf_counter()
+            result = sandbox.exec(["python3", "-c", "pass"])
+            ref.samples.append(time.perf_counter() - t0)
+            inside.append(result.duration)
+        container = floor.idle(reaper)
+        argv = ["python3", "-c", "print(6*7)"]
+        exec_ok(container, argv, b"42\n")
+        for _ in range(plan.python_floor):
+            base.samples.append(timed(lambda: exec_ok(container, argv, b"42\n")))
+    in50 = percentile(inside, 50) * 1e3
+    notes = [
+        f"interpreter start dominates: `python3 -c pass` takes p50 {in50:.1f} ms "
+        f"(p95 {percentile(inside, 95) * 1e3:.1f} ms) inside the sandbox (ExecutionResult.duration)",
+    ]
+    ref_notes = [
+        f"of which in-sandbox process time p50 {in50:.1f} ms; the rest "
+        f"({(ref.p50 or 0) - in50:.1f} ms) is the channel round trip and spawning"
+    ]
+    return [
+        Result(backend, "3", "exec_python", ours, base, Target("p50_le", 25.0), notes=notes),
+        Result(backend, "3r", "python3 -c pass (reference)", ref, notes=ref_notes),
+    ]
+
+
+def _tar_one(name: str, data: bytes) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = 0o644
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _untar_one(chunks: Iterator[bytes], name: str) -> bytes:
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+        member = tar.extractfile(name)
+        if member is None:
+            raise RuntimeError(f"{name} is not a file in the archive")
+        return member.read()
+
+
+def bench_files(backend: str, floor: Floor, plan: Plan) -> Result:
+    ours = Series("write_file+read_file 10 MiB", "ms")
+    base = Series("put_archive+get_archive (/tmp)", "ms")
+    data = os.urandom(FILE_SIZE)
+    notes: list[str] = []
+    with Reaper() as reaper:
+        sandbox = reaper.sandbox(backend)
+
+        def one_ours() -> bytes:
+            sandbox.write_file("bench.bin", data)
+            back: bytes = sandbox.read_file("bench.bin", encoding=None)
+            return back
+
+        if one_ours() != data:
+            raise RuntimeError("read_file returned different bytes")
+        for _ in range(plan.files):
+            t0 = time.perf_counter()
+            back = one_ours()
+            ours.samples.append(time.perf_counter() - t0)
+            if len(back) != len(data):
+                raise RuntimeError("short read")
+
+        container = floor.idle(reaper)
+
+        def one_floor() -> bytes:
+            if not container.put_archive("/tmp", _tar_one("bench.bin", data)):
+                raise RuntimeError("put_archive failed")
+            chunks, _stat = container.get_archive("/tmp/bench.bin")
+            return _untar_one(chunks, "bench.bin")
+
+        if one_floor() != data:
+            raise RuntimeError("get_archive returned different bytes")
+        for _ in range(plan.files):
+            t0 = time.perf_counter()
+            back = one_floor()
+            base.samples.append(time.perf_counter() - t0)
+            if len(back) != len(data):
+                raise RuntimeError("short read (floor)")
+        # The engine copies archives into the container's filesystem as the daemon sees it;
+        # a tmpfs mount exists only inside the container, so check where the file went.
+        code, _out = container.exec_run(["test", "-f", "/tmp/bench.bin"])
+        notes.append(
+            "ours writes to /workspace (a tmpfs) through the agent; floor builds/unpacks the tar on "
+            "the host (included) and uses the engine's archive API on /tmp"
+        )
+        if code != 0:
+            notes.append(
+                "the floor's file is NOT visible in the container's tmpfs /tmp: the engine's archive "
+                "API wrote it under the mount point in the container's writable layer"
+            )
+    return Result(backend, "4", "10 MiB file round trip", ours, base, notes=notes)
+
+
+def bench_stdout(backend: str, floor: Floor, plan: Plan) -> list[Result]:
+    work = STDOUT_SIZE / MB
+    ours = Series(f"exec_shell(head -c {STDOUT_SIZE})", "MB/s", work=work)
+    base = Series("exec_run(same command)", "MB/s", work=work)
+    cut = Series("default 10 MB limit", "ms")
+    cut_sizes: set[int] = set()
+    cut_exits: set[tuple[int, int | None]] = set()
+    inside: list[float] = []
+    cut_inside: list[float] = []
+    with Reaper() as reaper:
+        sandbox = reaper.sandbox(backend, security_policy=SecurityPolicy(max_output_bytes=BIG_OUTPUT_LIMIT))
+        sandbox.exec_shell("head -c 1000000 /dev/zero")
+        for _ in range(plan.stdout):
+            t0 = time.perf_counter()
+            result = sandbox.exec_shell(STDOUT_CMD)
+            ours.samples.append(time.perf_counter() - t0)
+            inside.append(result.duration)
+            if result.truncated or len(result.stdout) != STDOUT_SIZE:
+                raise RuntimeError(f"got {len(result.stdout)} bytes, truncated={result.truncated}")
+        del result
+        limited = reaper.sandbox(backend)  # default SecurityPolicy: max_output_bytes=10_000_000
+        for _ in range(plan.stdout):
+            t0 = time.perf_counter()
+            result = limited.exec_shell(STDOUT_CMD)
+            cut.samples.append(time.perf_counter() - t0)
+            if not result.truncated:
+                raise RuntimeError("a 50 MiB producer was not truncated at the default limit")
+            cut_sizes.add(len(result.stdout))
+            cut_exits.add((result.exit_code, result.signal))
+            cut_inside.append(result.duration)
+        del result
+        container = floor.idle(reaper)
+        argv = ["/bin/sh", "-c", STDOUT_CMD]
+        for _ in range(plan.stdout):
+            t0 = time.perf_counter()
+            output = exec_ok(container, argv)
+            base.samples.append(time.perf_counter() - t0)
+            if len(output) != STDOUT_SIZE:
+                raise RuntimeError(f"floor got {len(output)} bytes")
+        del output
+    exits = ", ".join(f"exit {code}" + (f" signal {sig}" if sig else "") for code, sig in sorted(cut_exits))
+    cut_note = [
+        f"returned truncated=True with {sorted(cut_sizes)} bytes of stdout ({exits}); the producer's "
+        f"run time inside the sandbox was p50 {percentile(cut_inside, 50) * 1e3:.0f} ms: the agent "
+        "keeps draining the pipe and drops what is over the limit, so only the limit crosses to the host"
+    ]
+    notes = [
+        f"the producer's own run time inside the sandbox (ExecutionResult.duration) p50 "
+        f"{percentile(inside, 50) * 1e3:.0f} ms: close to the total means the transfer to the host "
+        "(agent, attach stream, host reader) paces it, not the producer"
+    ]
+    return [
+        Result(backend, "5", "50 MiB stdout throughput", ours, base, Target("p50_ge", 200.0), True, notes),
+        Result(backend, "5c", "50 MiB stdout, cut at the default limit", cut, notes=cut_note),
+    ]
+
+
+def _threads_round(workers: list[Callable[[], list[float]]]) -> tuple[float, list[float]]:
+    """Start every worker, release them together, return (wall seconds, latencies)."""
+    barrier = threading.Barrier(len(workers) + 1)
+    latencies: list[float] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def body(work: Callable[[], list[float]]) -> None:
+        try:
+            barrier.wait()
+            lat = work()
+            with lock:
+                latencies.extend(lat)
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(w,), daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return wall, latencies
+
+
+def bench_parallel(backend: str, floor: Floor, plan: Plan) -> Result:
+    total = PAR_SANDBOXES * PAR_EXECS
+    floor_total = PAR_SANDBOXES * plan.par_floor_execs
+    ours = Series(f"{PAR_SANDBOXES} threads x {PAR_EXECS} exec_shell", "execs/s", work=total)
+    base = Series(f"{PAR_SANDBOXES} threads x {plan.par_floor_execs} exec_run", "execs/s", work=floor_total)
+    ours_lat: list[float] = []
+    base_lat: list[float] = []
+    with Reaper() as reaper:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=PAR_SANDBOXES) as pool:
+            sandboxes = list(pool.map(lambda _i: reaper.sandbox(backend), range(PAR_SANDBOXES)))
+        created = time.perf_counter() - t0
+        for sandbox in sandboxes:
+            sandbox.exec_shell("echo hi")
+
+        def ours_worker(sandbox: Sandbox) -> Callable[[], list[float]]:
+            def work() -> list[float]:
+                lat = []
+                for _ in range(PAR_EXECS):
+                    t = time.perf_counter()
+                    if sandbox.exec_shell("echo hi").stdout != "hi\n":
+                        raise RuntimeError("unexpected output")
+                    lat.append(time.perf_counter() - t)
+                return lat
+
+            return work
+
+        for _ in range(plan.par_rounds):
+            wall, lat = _threads_round([ours_worker(s) for s in sandboxes])
+            ours.samples.append(wall)
+            ours_lat.extend(lat)
+
+        with ThreadPoolExecutor(max_workers=PAR_SANDBOXES) as pool:
+            containers = list(pool.map(lambda _i: floor.idle(reaper), range(PAR_SANDBOXES)))
+        for container in containers:
+            exec_ok(container, ["true"], b"")
+
+        def floor_worker(container: Container) -> Callable[[], list[float]]:
+            def work() -> list[float]:
+                return [timed(lambda: exec_ok(container, ["true"], b"")) for _ in range(plan.par_floor_execs)]
+
+            return work
+
+        wall, lat = _threads_round([floor_worker(c) for c in containers])
+        base.samples.append(wall)
+        base_lat.extend(lat)
+    notes = [
+        f"creating the {PAR_SANDBOXES} sandboxes from {PAR_SANDBOXES} threads took {created:.2f} s "
+        "(not counted)",
+        f"per-exec latency under load: ours p50 {percentile(ours_lat, 50) * 1e3:.1f} ms "
+        f"p95 {percentile(ours_lat, 95) * 1e3:.1f} ms; floor p50 {percentile(base_lat, 50) * 1e3:.1f} ms "
+        f"p95 {percentile(base_lat, 95) * 1e3:.1f} ms",
+        f"n counts rounds of {total} execs (ours) and {floor_total} execs (floor)",
+    ]
+    return Result(backend, "6", "parallel execs", ours, base, Target("p50_ge", 500.0), True, notes)
+
+
+# -- memory (measured in child processes, so the host RSS baseline is clean) -------------
+
+
+def vm_rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def memory_of(api: docker.APIClient, cid: str) -> dict[str, Any]:
+    stats = api.stats(cid, stream=False)
+    mem = stats.get("memory_stats") or {}
+    usage = mem.get("usage")
+    inner = mem.get("stats") or {}
+    key = next((k for k in ("cache", "inactive_file") if k in inner), None)
+    # What `docker stats` shows: usage minus the inactive file pages (cgroup v1 or v2 name).
+    inactive = inner.get("total_inactive_file", inner.get("inactive_file"))
+    return {
+        "usage": usage,
+        "cache_key": key,
+        "cache": inner.get(key) if key else None,
+        "no_cache": usage - inner[key] if usage is not None and key else None,
+        "mapped_file": inner.get("mapped_file"),
+        "docker_stats": usage - inactive if usage is not None and inactive is not None else None,
+        "keys": sorted(mem),
+    }
+
+
+def memory_child(backend: str, side: str, count: int, stats_count: int) -> dict[str, Any]:
+    """Create ``count`` idle sandboxes (or floor containers); RSS and engine stats."""
+    client = docker.from_env(max_pool_size=32)
+    floor = Floor(client, default_image(), BACKENDS[backend])
+    with Reaper() as reaper:
+        cids: list[str] = []
+        if side == "ours":
+            warm = reaper.sandbox(backend)  # loads every code path an idle sandbox uses
+            warm.exec_shell("true")
+            warm.destroy()
+
+            def make() -> str:
+                sandbox = reaper.sandbox(backend)
+                return f"agentnest-{sandbox.id}"  # the Docker backend's container name
+
+        else:
+            remove_quietly(floor.idle(reaper))
+
+            def make() -> str:
+                return str(floor.idle(reaper).id)  # the reaper keeps the Container object
+
+        gc.collect()
+        time.sleep(0.2)
+        before = vm_rss_kib()
+        for _ in range(count):
+            cids.append(make())
+        gc.collect()
+        after = vm_rss_kib()
+        time.sleep(1.0)  # let the agents settle before sampling the engine's stats
+        with ThreadPoolExecutor(max_workers=stats_count) as pool:
+            mems = list(pool.map(lambda cid: memory_of(client.api, cid), cids[:stats_count]))
+        # What Python allocates per object, resident or not (a large buffer that was never
+        # touched costs address space, not RSS).  Traced separately: tracemalloc inflates RSS.
+        tracemalloc.start()
+        snap = tracemalloc.take_snapshot()
+        for _ in range(TRACED):
+            make()
+        gc.collect()
+        traced = sum(d.size_diff for d in tracemalloc.take_snapshot().compare_to(snap, "filename"))
+        tracemalloc.stop()
+    return {
+        "rss_before_kib": before,
+        "rss_after_kib": after,
+        "count": count,
+        "stats": mems,
+        "traced_bytes_per_object": traced / TRACED,
+    }
+
+
+def run_memory_child(backend: str, side: str, plan: Plan) -> dict[str, Any]:
+    argv = [sys.executable, str(Path(__file__).resolve()), "--memory-child", f"{backend}:{side}"]
+    argv += ["--memory-count", str(plan.mem_rss), "--memory-stats", str(plan.mem_stats)]
+    # Not subprocess.run: on Ctrl-C it SIGKILLs the child, whose sandboxes would then leak.
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=600)
+        except BaseException:
+            proc.terminate()  # the child turns SIGTERM into SystemExit and cleans up
+            try:
+                proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory child ({side}) failed: {err.strip()[-800:]}")
+    data: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return data
+
+
+def bench_memory(backend: str, plan: Plan) -> list[Result]:
+    ours_raw = run_memory_child(backend, "ours", plan)
+    base_raw = run_memory_child(backend, "floor", plan)
+
+    def series(data: dict[str, Any], field_name: str, label: str) -> Series:
+        values = [m[field_name] / MB for m in data["stats"] if m.get(field_name) is not None]
+        return Series(label, "MB", values)
+
+    def rss(data: dict[str, Any], label: str) -> Series:
+        per = (data["rss_after_kib"] - data["rss_before_kib"]) * 1024 / data["count"] / MB
+        return Series(label, "MB", [per], count=data["count"])
+
+    keys = {m.get("cache_key") for m in ours_raw["stats"]}
+    notes = [f"engine stats of {plan.mem_stats} idle sandboxes vs idle `sleep infinity` containers"]
+    if backend == "gvisor":
+        notes.append(
+            "runsc: the container's cgroup holds the gVisor Sentry and Gofer, so usage counts the "
+            "user-space kernel too (the floor pays it as well)"
+        )
+    if not ours_raw["stats"] or all(m.get("usage") is None for m in ours_raw["stats"]):
+        fields = sorted({k for m in ours_raw["stats"] for k in m.get("keys", [])})
+        notes.append(f"the engine reported no memory usage for this runtime (memory_stats keys: {fields})")
+    no_cache_notes = [f"usage minus memory_stats.stats[{', '.join(sorted(k or 'none' for k in keys))}]"]
+    extra = {name: series(ours_raw, name, name).p50 for name in ("cache", "mapped_file", "docker_stats")}
+    if extra["cache"] is not None:
+        no_cache_notes.append(
+            f"ours p50: cache {fmt(extra['cache'], 'MB')}, "
+            f"of which mapped {fmt(extra['mapped_file'], 'MB')}; "
+            f"`docker stats` (usage - inactive_file) would show {fmt(extra['docker_stats'], 'MB')}"
+        )
+    if backend == "gvisor":
+        no_cache_notes.append(
+            "runsc: the sandbox's memory lives in the Sentry's memfd (shmem), which cgroup v1 counts as "
+            "mapped cache; it is not reclaimable, so this line understates: read the raw usage above"
+        )
+    rss_notes = [
+        f"VmRSS of a fresh process before/after creating {ours_raw['count']} sandboxes: "
+        f"{ours_raw['rss_before_kib'] / 1024:.1f} -> {ours_raw['rss_after_kib'] / 1024:.1f} MiB "
+        f"(floor: {base_raw['rss_before_kib'] / 1024:.1f} -> {base_raw['rss_after_kib'] / 1024:.1f} MiB "
+        f"for {base_raw['count']} docker-py Container objects)",
+        f"Python allocations per sandbox (tracemalloc, resident or not): "
+        f"{ours_raw['traced_bytes_per_object'] / 2**20:.2f} MiB; per floor Container object "
+        f"{base_raw['traced_bytes_per_object'] / 2**20:.2f} MiB",
+    ]
+    return [
+        Result(
+            backend,
+            "7a",
+            "idle sandbox memory (usage)",
+            series(ours_raw, "usage", "engine stats usage"),
+            series(base_raw, "usage", "idle sleep container"),
+            Target("p50_le", 10.0),
+            notes=notes,
+        ),
+        Result(
+            backend,
+            "7b",
+            "idle sandbox memory (usage - cache)",
+            series(ours_raw, "no_cache", "engine stats usage - cache"),
+            series(base_raw, "no_cache", "idle sleep container"),
+            Target("p50_le", 10.0),
+            notes=no_cache_notes,
+        ),
+        Result(
+            backend,
+            "7c",
+            "host RSS per idle sandbox",
+            rss(ours_raw, "VmRSS delta / sandboxes"),
+            rss(base_raw, "VmRSS delta / containers"),
+            Target("p50_le", 1.0),
+            notes=rss_notes,
+        ),
+    ]
+
+
+# -- driver ------------------------------------------------------------------------------
+
+
+def machine_info(client: docker.DockerClient) -> dict[str, Any]:
+    info = client.info()
+    version = client.version()
+
+    def command_version(argv: list[str]) -> str | None:
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.splitlines()[0].strip() if out else None
+
+    meminfo = Path("/proc/meminfo").read_text().split()
+    others = [c for c in client.containers.list() if not (c.name or "").startswith("agentnest-")]
+    return {
+        "docker": version.get("Version"),
+        "api": version.get("ApiVersion"),
+        "runtimes": sorted(info.get("Runtimes") or {}),
+        "runc": command_version(["runc", "--version"]),
+        "runsc": command_version(["runsc", "--version"]),
+        "os": info.get("OperatingSystem"),
+        "kernel": platform.release(),
+        "cgroup": f"v{info.get('CgroupVersion', '?')} ({info.get('CgroupDriver', '?')})",
+        "cpus": os.cpu_count(),
+        "memory_gib": round(int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20, 1),
+        "python": platform.python_version(),
+        "agentnest": agentnest.__version__,
+        "docker_py": docker.__version__,
+        "image": default_image(),
+        "loadavg_start": os.getloadavg(),
+        "agentnest_sandboxes_running_at_start": len(client.containers.list()) - len(others),
+        "other_containers_running_at_start": len(others),
+    }
+
+
+def run_backend(backend: str, client: docker.DockerClient, plan: Plan) -> list[Result]:
+    floor = Floor(client, default_image(), BACKENDS[backend])
+    steps: list[tuple[str, str, Callable[[], Result | list[Result]]]] = [
+        ("1", "cold start", lambda: bench_cold_start(backend, floor, plan)),
+        ("2", "warm exec", lambda: bench_warm_exec(backend, floor, plan)),
+        ("3", "exec_python", lambda: bench_exec_python(backend, floor, plan)),
+        ("4", "10 MiB file round trip", lambda: bench_files(backend, floor, plan)),
+        ("5", "50 MiB stdout throughput", lambda: bench_stdout(backend, floor, plan)),
+        ("6", "parallel execs", lambda: bench_parallel(backend, floor, plan)),
+        ("7", "idle memory", lambda: bench_memory(backend, plan)),
+    ]
+    results: list[Result] = []
+    for key, name, step in steps:
+        t0 = time.perf_counter()
+        try:
+            got = step()
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            got = Result(backend, key, name, Series("", "ms"), error=f"{type(exc).__name__}: {exc}")
+        for result in got if isinstance(got, list) else [got]:
+            report(result)
+            results.append(result)
+        print(f"    ({key} took {time.perf_counter() - t0:.1f} s)", flush=True)
+    return results
+
+
+def summary(results: list[Result]) -> str:
+    header: tuple[str, ...] = ("backend", "#", "measurement", "n", "ours p50", "ours p95", "floor p50")
+    header += ("ours/floor", "target", "result")
+    rows: list[tuple[str, ...]] = [header]
+    for r in results:
+        ratio = r.ratio
+        rows.append(
+            (
+                r.backend,
+                r.key,
+                r.name,
+                str(r.ours.n) if r.error is None else "-",
+                fmt(r.ours.p50, r.ours.unit) if r.error is None else "-",
+                fmt(r.ours.p95, r.ours.unit) if r.error is None else "-",
+                fmt(r.floor.p50, r.floor.unit) if r.floor is not None else "-",
+                f"{ratio:.2f}x" if ratio is not None else "-",
+                r.target.text(r.ours.unit) if r.target is not None else "-",
+                r.verdict,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="fewer samples (about 2 minutes)")
+    parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all")
+    parser.add_argument("--json", metavar="PATH", help="write every result and sample here")
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-count", type=int, default=16, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-stats", type=int, default=8, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    # `kill` / `timeout` end the run through the same finally blocks as Ctrl-C: nothing leaks.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # Parallel sandbox creation briefly needs more engine connections than the default pool.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+
+    if args.memory_child:
+        backend, _, side = args.memory_child.partition(":")
+        data = memory_child(backend, side, args.memory_count, args.memory_stats)
+        print(json.dumps(data))
+        return 0
+
+    plan = Plan.make(args.quick)
+    client = docker.from_env(max_pool_size=32)
+    meta = machine_info(client)
+    print(f"AgentNest {meta['agentnest']} benchmarks ({'quick' if plan.quick else 'full'} run)")
+    print(
+        f"docker {meta['docker']} (API {meta['api']}), runtimes {', '.join(meta['runtimes'])}; "
+        f"{meta['runc']}; {meta['runsc']}"
+    )
+    print(
+        f"{meta['os']}, kernel {meta['kernel']}, cgroup {meta['cgroup']}, {meta['cpus']} CPUs, "
+        f"{meta['memory_gib']} GiB; Python {meta['python']}, docker-py {meta['docker_py']}"
+    )
+    print(
+        f"image {meta['image']}; load average {', '.join(f'{x:.2f}' for x in meta['loadavg_start'])}; "
+        f"other running containers: {meta['other_containers_running_at_start']}, "
+        f"AgentNest sandboxes: {meta['agentnest_sandboxes_running_at_start']}",
+        flush=True,
+    )
+
+    selected = list(BACKENDS) if args.backend == "all" else [args.backend]
+    results: list[Result] = []
+    skipped: list[str] = []
+    started = time.perf_counter()
+    for backend in selected:
+        runtime = BACKENDS[backend]
+        if runtime not in meta["runtimes"]:
+            print(f"\n== {backend}: skipped, the engine has no {runtime!r} runtime ==", flush=True)
+            skipped.append(backend)
+            continue
+        print(f"\n== {backend} (runtime {runtime}) ==", flush=True)
+        results += run_backend(backend, client, plan)
+    meta["elapsed_s"] = round(time.perf_counter() - started, 1)
+    meta["loadavg_end"] = os.getloadavg()
+    meta["quick"] = plan.quick
+    meta["skipped"] = skipped
+
+    print(f"\nSummary ({meta['elapsed_s']} s; load average at end ", end="")
+    print(f"{', '.join(f'{x:.2f}' for x in meta['loadavg_end'])})\n")
+    print(summary(results))
+    print("(for rates, p95 is the slow tail: the rate at the 95th-percentile duration)")
+    verdicts = [r.verdict for r in results]
+    print(
+        f"\n{verdicts.count('PASS')} PASS, {verdicts.count('MISS')} MISS, {verdicts.count('ERROR')} ERROR "
+        "(misses are reported, not raised)"
+    )
+    if args.json:
+        payload = {"meta": meta, "results": [r.to_json() for r in results]}
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 1 if "ERROR" in verdicts else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
