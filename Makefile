@@ -26,6 +26,7 @@ lint: venv
 	$(BIN)/ruff check agentnest tests benchmarks
 	$(BIN)/ruff format --check agentnest tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/mypy --check-untyped-defs tests
 
 bench: engine venv image
 	$(BIN)/python benchmarks/bench.py

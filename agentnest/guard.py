@@ -12,6 +12,7 @@ import codecs
 import inspect
 import math
 import posixpath
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -25,6 +26,7 @@ from .policy import NetworkMode, SecurityPolicy
 from .runtime.base import Capability
 from .secrets import Secret, StreamRedactor, redact
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Longest single argument Linux accepts (MAX_ARG_STRLEN).
 MAX_ARG = 128 * 1024
 
@@ -163,8 +165,13 @@ class Guard:
             raise ConfigurationError(f"timeout={timeout!r} must be a positive number of seconds or None")
         call_env: dict[str, str] = {}
         for k, v in (env or {}).items():
-            if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
-                raise ConfigurationError(f"environment name {k!r} is invalid")
+            if not isinstance(k, str) or not _ENV_NAME.fullmatch(k):
+                raise ConfigurationError(
+                    f"environment name {k!r} is invalid; use letters, digits and '_', "
+                    "not starting with a digit"
+                )
+            if k.startswith("AGENTNEST_"):
+                raise ConfigurationError(f"environment name {k!r} is reserved (AGENTNEST_ prefix)")
             if isinstance(v, Secret):
                 self.add_secret(v.get_secret_value())
                 v = v.get_secret_value()

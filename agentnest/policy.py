@@ -98,6 +98,12 @@ class NetworkPolicy:
         ports: tuple[int, ...] | list[int] = (80, 443),
     ) -> NetworkPolicy:
         """Only these domains (and ranges), through the filtering proxy."""
+        given: tuple[tuple[str, object], ...] = (("domains", domains), ("cidrs", cidrs), ("ports", ports))
+        for name, value in given:
+            if isinstance(value, (str, bytes)):
+                raise ConfigurationError(
+                    f"{name} must be a list or tuple, e.g. {name}=[{value!r}], not one string"
+                )
         return cls(NetworkMode.ALLOWLIST, tuple(domains), tuple(cidrs), tuple(ports))
 
     @classmethod

@@ -97,5 +97,7 @@ class StreamRedactor:
         return cut
 
     def flush(self) -> str:
-        out, self._pending = self._pending, ""
+        # What was held back may be a complete short secret waiting to see
+        # whether a longer one continues: redact it on the way out.
+        out, self._pending = redact(self._pending, self._secrets), ""
         return out

@@ -97,6 +97,14 @@ class Agent:
                 "caps": CAPABILITIES,
             }
         )
+        try:
+            self._serve()
+        finally:
+            # However the loop ends (host gone, or a bug), leave no command running.
+            for cmd in list(self.commands.values()):
+                execmod.kill_tree(cmd.pid, cmd.marker)
+
+    def _serve(self) -> None:
         while self.running:
             timeout = self._next_timeout()
             for key, _mask in self.sel.select(timeout):
@@ -116,8 +124,6 @@ class Agent:
             self._check_deadlines()
             if self.commands and time.monotonic() - self.last_sent >= HEARTBEAT:
                 self.send({"t": "beat"})
-        for cmd in list(self.commands.values()):
-            execmod.kill_tree(cmd.pid, cmd.marker)
 
     def _next_timeout(self) -> Optional[float]:
         now = time.monotonic()

@@ -186,14 +186,23 @@ class Channel:
             self._fail(f"writing to the agent failed ({exc})")
             raise ChannelError(f"the agent channel is closed: {self._broken}") from None
 
-    def _get(self, p: _Pending, deadline: float | None, what: str, stall: float | None = None) -> Frame:
+    def _get(
+        self,
+        p: _Pending,
+        deadline: float | None,
+        what: str,
+        stall: float | None = None,
+        since: float = 0.0,
+    ) -> Frame:
         while True:
             now = time.monotonic()
             wait = None if deadline is None else deadline - now
             if wait is not None and wait <= 0:
                 raise self._timeout(what)
             if stall is not None:
-                quiet = now - self._last_frame
+                # Quiet since the last frame, or since the request was sent
+                # (an idle channel has no heartbeats before it).
+                quiet = now - max(self._last_frame, since)
                 if quiet >= stall:
                     raise self._timeout(what, stalled=quiet)
                 wait = stall - quiet if wait is None else min(wait, stall - quiet)
@@ -337,6 +346,7 @@ class ExecHandle:
         self._pending = pending
         self._max = max_output
         self._seen = 0
+        self._since = time.monotonic()
         self.truncated = False
         self.result: RawExit | None = None
 
@@ -348,7 +358,7 @@ class ExecHandle:
         """The next ``(fd, bytes)`` of output, or the :class:`RawExit` at the end."""
         while True:
             header, body = self._channel._get(
-                self._pending, deadline, "the command's result", stall=STALL_AFTER
+                self._pending, deadline, "the command's result", stall=STALL_AFTER, since=self._since
             )
             kind = header["t"]
             if kind == "out":

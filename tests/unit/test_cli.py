@@ -359,16 +359,16 @@ def api() -> FakeDockerAPI:
     fake = FakeDockerAPI()
     fake.containers_ = [
         {"Id": "c-expired", "Names": ["/agentnest-exp"], "Labels": tags(NOW - 10, sandbox="exp")},
-        {"Id": "c-live", "Names": ["/agentnest-live"], "Labels": tags(NOW + 300, sandbox="live")},
+        {"Id": "c-live", "Names": ["/agentnest-live"], "Labels": tags(NOW + 3600, sandbox="live")},
         {"Id": "c-foreign", "Names": ["/someone-else"], "Labels": {labels.DEADLINE: str(NOW - 1000)}},
     ]
     fake.networks_ = [
         {"Id": "n-expired", "Name": "agentnest-net-exp", "Labels": tags(NOW - 1)},
-        {"Id": "n-live", "Name": "agentnest-net-live", "Labels": tags(NOW + 1)},
+        {"Id": "n-live", "Name": "agentnest-net-live", "Labels": tags(NOW + 3600)},
     ]
     fake.volumes_ = [
         {"Name": "v-expired", "Labels": tags(NOW - 1)},
-        {"Name": "v-live", "Labels": tags(NOW + 1)},
+        {"Name": "v-live", "Labels": tags(NOW + 3600)},
     ]
     return fake
 

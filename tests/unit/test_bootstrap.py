@@ -1,0 +1,96 @@
+"""Shipping the agent (runtime/bootstrap.py): the bundle and a standalone start."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from agentnest.agent.wire import PROTOCOL_VERSION, Decoder
+from agentnest.runtime import bootstrap
+
+AGENT_DIR = Path(bootstrap.__file__).resolve().parent.parent / "agent"
+
+
+def unpack(bundle: bytes) -> list[tuple[str, str]]:
+    length, _, blob = bundle.partition(b"\n")
+    assert int(length) == len(blob)
+    return [(name, src) for name, src in json.loads(zlib.decompress(blob))]
+
+
+def test_bundle_holds_the_agent_modules_in_load_order() -> None:
+    mods = unpack(bootstrap.bundle())
+    assert [name for name, _ in mods] == list(bootstrap.AGENT_MODULES)
+    for name, src in mods:
+        assert src == (AGENT_DIR / f"{name}.py").read_text("utf-8")
+
+
+def test_agent_command() -> None:
+    argv = bootstrap.command("agent", python="/usr/bin/python3")
+    assert argv[0] == "/usr/bin/python3"
+    assert "-S" in argv
+    assert argv[-1] == "agent"
+
+
+@pytest.mark.parametrize("name", bootstrap.AGENT_MODULES)
+def test_agent_modules_import_only_the_stdlib_and_each_other(name: str) -> None:
+    tree = ast.parse((AGENT_DIR / f"{name}.py").read_text("utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                assert alias.name.split(".")[0] in sys.stdlib_module_names, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                assert node.level == 1, "the agent imports nothing outside agent/"
+                for alias in node.names:
+                    if node.module is None:
+                        assert alias.name in bootstrap.AGENT_MODULES, alias.name
+            else:
+                assert node.module is not None
+                assert node.module.split(".")[0] in sys.stdlib_module_names, node.module
+
+
+def test_bootstrap_starts_the_agent_without_agentnest_installed(tmp_path: Path) -> None:
+    host, child = socket.socketpair()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AGENTNEST_WORKSPACE": str(tmp_path)}
+    proc = subprocess.Popen(
+        bootstrap.command("agent", python=sys.executable),
+        stdin=child.fileno(),
+        stdout=child.fileno(),
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=env,
+    )
+    child.close()
+    try:
+        host.settimeout(15)
+        host.sendall(bootstrap.bundle())
+        decoder = Decoder()
+        deadline = time.monotonic() + 15
+        frames: list[tuple[dict[str, object], bytes]] = []
+        while not frames and time.monotonic() < deadline:
+            data = host.recv(65536)
+            assert data, "the agent exited before saying hello"
+            decoder.feed(data)
+            frames = decoder.frames()
+        header, _ = frames[0]
+        assert header["t"] == "hello"
+        assert header["v"] == PROTOCOL_VERSION
+        assert header["workspace"] == str(tmp_path)
+        host.shutdown(socket.SHUT_WR)  # end of stream: the agent exits
+        assert proc.wait(timeout=15) == 0
+    finally:
+        host.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
