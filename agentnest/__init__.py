@@ -23,6 +23,7 @@ from .guard import ApprovalRequest
 from .policy import NetworkMode, NetworkPolicy, SecurityPolicy
 from .sandbox import ExecutionStream, Sandbox
 from .secrets import Secret
+from .templates import Template
 
 __all__ = [
     "AgentNestError",
@@ -53,6 +54,7 @@ __all__ = [
     "SandboxEvent",
     "Secret",
     "SecurityPolicy",
+    "Template",
     "UnsupportedCapabilityError",
     "__version__",
 ]
