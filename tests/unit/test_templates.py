@@ -726,6 +726,19 @@ def test_build_streams_steps_and_labels_the_image(fake: FakeBuildAPI) -> None:
     assert outputs == ["some build output"] * 3
 
 
+def test_a_build_holds_a_lock_file_and_leaves_none_behind(fake: FakeBuildAPI) -> None:
+    import tempfile
+
+    template = spec()
+    lock = Path(tempfile.gettempdir()) / f"agentnest-template-{template.digest(BASE_ID)[:16]}.lock"
+    held: list[tuple[str, bool]] = []
+    template.build(as_api(fake), progress=lambda event: held.append((event.kind, lock.exists())))
+    # Taken once the tag is known, held through every step.
+    assert held[0] == ("resolved", False)
+    assert len(held) > 3 and all(exists for _, exists in held[1:])
+    assert not lock.exists()
+
+
 def test_without_packages_no_mirror_is_passed(fake: FakeBuildAPI) -> None:
     Template(base=BASE, commands=("true",)).build(as_api(fake))
     assert fake.builds[0]["buildargs"] is None

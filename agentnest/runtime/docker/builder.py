@@ -324,6 +324,11 @@ def _build_lock(digest: str) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
+        # Leave no file behind.  A build that waited on this (now unlinked) file
+        # and one that opens a new file may then run side by side; both look
+        # for the image first, so they only build twice if this build failed.
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         os.close(fd)  # releases the lock
 
 
