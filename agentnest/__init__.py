@@ -16,6 +16,7 @@ from .errors import (
     PoolExhaustedError,
     RuntimeNotAvailableError,
     SandboxDestroyedError,
+    SessionLostError,
     UnsupportedCapabilityError,
 )
 from .events import EventType, MemoryObserver, SandboxEvent
@@ -23,6 +24,7 @@ from .guard import ApprovalRequest
 from .policy import NetworkMode, NetworkPolicy, SecurityPolicy
 from .sandbox import ExecutionStream, Sandbox
 from .secrets import Secret
+from .session import DisplayItem, PythonSession, SessionResult, SessionStream
 from .templates import Template
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "BackendError",
     "ChannelError",
     "ConfigurationError",
+    "DisplayItem",
     "EventType",
     "ExecutionChunk",
     "ExecutionError",
@@ -46,6 +49,7 @@ __all__ = [
     "NetworkPolicy",
     "PolicyDeniedError",
     "PoolExhaustedError",
+    "PythonSession",
     "ResourceLimits",
     "RuntimeNotAvailableError",
     "Sandbox",
@@ -54,6 +58,9 @@ __all__ = [
     "SandboxEvent",
     "Secret",
     "SecurityPolicy",
+    "SessionLostError",
+    "SessionResult",
+    "SessionStream",
     "Template",
     "UnsupportedCapabilityError",
     "__version__",

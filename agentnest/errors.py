@@ -15,7 +15,8 @@ Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
      ├── ExecutionError              a command failed; ``.result`` holds its output
      │    └── ExecutionTimeoutError  (also TimeoutError) it ran past its timeout
      ├── FileAccessError             a file operation was refused or failed
-     └── PoolExhaustedError          no pooled sandbox became free in time
+     ├── PoolExhaustedError          no pooled sandbox became free in time
+     └── SessionLostError            a Python session's interpreter is gone (state lost)
 
 Messages name what was wrong and how to fix it.  Over the wire (agent
 protocol, HTTP) errors travel as stable codes and are rebuilt from a closed
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .config import ExecutionResult
+    from .session import SessionResult
 
 
 class AgentNestError(Exception):
@@ -84,9 +86,12 @@ class ChannelError(AgentNestError):
 
 
 class ExecutionError(AgentNestError):
-    """A command did not succeed; ``result`` carries its (partial) output."""
+    """A command did not succeed; ``result`` carries its (partial) output.
 
-    def __init__(self, message: str, result: ExecutionResult | None = None) -> None:
+    For code run in a Python session, ``result`` is a ``SessionResult``.
+    """
+
+    def __init__(self, message: str, result: ExecutionResult | SessionResult | None = None) -> None:
         super().__init__(message)
         self.result = result
 
@@ -112,6 +117,24 @@ class PoolExhaustedError(AgentNestError):
     """No sandbox in the pool became free before the wait timed out."""
 
 
+class SessionLostError(AgentNestError):
+    """A Python session's interpreter is gone, and with it the session's state.
+
+    It died (``os._exit``, a crash, out of memory), was killed because its
+    code ignored the interrupt at a timeout, could not start, was closed, or
+    went down with the in-sandbox agent.  The run that finds out raises it,
+    and so does every later run until :meth:`PythonSession.reset` starts a
+    fresh interpreter.  The sandbox itself is intact.  ``result`` holds the
+    partial output of the run that was cut short, if there was one.
+
+    .. versionadded:: 0.4.0
+    """
+
+    def __init__(self, message: str, result: SessionResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
 __all__ = [
     "AgentNestError",
     "BackendError",
@@ -126,5 +149,6 @@ __all__ = [
     "PoolExhaustedError",
     "RuntimeNotAvailableError",
     "SandboxDestroyedError",
+    "SessionLostError",
     "UnsupportedCapabilityError",
 ]

@@ -23,6 +23,12 @@ class EventType(str, enum.Enum):
     FILE_WRITTEN = "file.written"
     FILE_REMOVED = "file.removed"
     AGENT_RESTARTED = "agent.restarted"
+    SESSION_OPENED = "session.opened"
+    SESSION_RAN = "session.ran"
+    SESSION_TIMED_OUT = "session.timed_out"
+    SESSION_LOST = "session.lost"
+    SESSION_RESET = "session.reset"
+    SESSION_CLOSED = "session.closed"
     APPROVAL_GRANTED = "approval.granted"
     POLICY_DENIED = "policy.denied"
 

@@ -29,6 +29,7 @@ from .runtime import bootstrap
 from .runtime.base import RuntimeBackend, SandboxHandle
 from .runtime.registry import get_backend
 from .secrets import Secret
+from .session import PythonSession
 
 #: Extra time the host waits past a command's own timeout for the agent to
 #: report the kill, before it declares the agent hung.
@@ -311,6 +312,27 @@ class Sandbox:
             return json.loads(result.stdout)
         except ValueError as exc:
             raise ExecutionError(f"the code's stdout is not JSON: {exc}", result) from None
+
+    def python_session(self) -> PythonSession:
+        """Start a persistent Python interpreter in the sandbox.
+
+        Variables, imports and open handles live across its ``run()`` calls;
+        the value of a trailing expression comes back as ``result``.  See
+        :class:`PythonSession` and docs/sessions.md.
+
+        Example::
+
+            with sandbox.python_session() as session:
+                session.run("import json; x = 41")
+                print(session.run("x + 1").check().result)   # "42"
+
+        Raises:
+            SessionLostError: the interpreter could not start.
+
+        .. versionchanged:: 0.4.0
+           Served by the in-sandbox agent (0.3.0 polled files in the workspace).
+        """
+        return PythonSession(self)
 
     def stream_exec(
         self,

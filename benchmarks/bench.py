@@ -843,6 +843,48 @@ def bench_memory(backend: str, plan: Plan) -> list[Result]:
     ]
 
 
+# -- python sessions ---------------------------------------------------------------------
+
+
+def bench_session(backend: str, plan: Plan) -> Result:
+    """S: ``session.run("x += 1")`` on a warm session, interleaved with the same sandbox's
+    warm ``exec_shell("true")`` (docker-py has no persistent interpreter: no engine floor)."""
+    ours = Series('session.run("x += 1")', "ms")
+    ref = Series('exec_shell("true"), same sandbox', "ms")
+    inside: list[float] = []
+    pings: list[float] = []
+    with Reaper() as reaper:
+        sandbox = reaper.sandbox(backend)
+        t0 = time.perf_counter()
+        session = sandbox.python_session()
+        opened = time.perf_counter() - t0
+        session.run("x = 0").check()
+        for _ in range(50):
+            session.run("x += 1")
+            sandbox.exec_shell("true")
+        for _ in range(plan.warm):  # ABAB, so drift hits both sides alike
+            t0 = time.perf_counter()
+            result = session.run("x += 1")
+            ours.samples.append(time.perf_counter() - t0)
+            inside.append(result.duration)
+            ref.samples.append(timed(lambda: sandbox.exec_shell("true")))
+        if session.run("x").result != str(50 + plan.warm):
+            raise RuntimeError("the session lost count")
+        channel = sandbox._ch()  # the bare host <-> agent round trip, for scale
+        for _ in range(plan.warm):
+            pings.append(timed(lambda: channel.request({"t": "ping"}, time.monotonic() + 10)))
+        session.close()
+    notes = [
+        "no engine floor (docker-py has no persistent interpreter); the reference column is this "
+        "sandbox's warm exec_shell('true'), which forks a process per call",
+        f"in-sandbox time (agent -> interpreter -> agent, SessionResult.duration) p50 "
+        f"{percentile(inside, 50) * 1e3:.2f} ms; a bare host <-> agent ping p50 "
+        f"{percentile(pings, 50) * 1e3:.2f} ms, p95 {percentile(pings, 95) * 1e3:.2f} ms",
+        f"python_session() started its interpreter in {opened * 1e3:.0f} ms",
+    ]
+    return Result(backend, "S", "session call", ours, ref, Target("p50_le", 1.0), notes=notes)
+
+
 # -- driver ------------------------------------------------------------------------------
 
 
@@ -890,6 +932,7 @@ def run_backend(backend: str, client: docker.DockerClient, plan: Plan) -> list[R
         ("5", "50 MiB stdout throughput", lambda: bench_stdout(backend, floor, plan)),
         ("6", "parallel execs", lambda: bench_parallel(backend, floor, plan)),
         ("7", "idle memory", lambda: bench_memory(backend, plan)),
+        ("S", "python session", lambda: bench_session(backend, plan)),
     ]
     results: list[Result] = []
     for key, name, step in steps:

@@ -15,12 +15,12 @@ import time
 from typing import Any, Dict, Optional
 
 from . import exec as execmod
-from . import files, wire
+from . import files, interpreter, wire
 
 AGENT_VERSION = "0.4.0"
-CAPABILITIES = ["exec", "stream", "stdin", "files", "tree-kill"]
-#: While commands run, the agent sends at least one frame this often, so the
-#: host can tell a busy agent from a stalled channel.
+CAPABILITIES = ["exec", "stream", "stdin", "files", "tree-kill", "session"]
+#: While commands or session runs are active, the agent sends at least one
+#: frame this often, so the host can tell a busy agent from a stalled channel.
 HEARTBEAT = 1.0
 #: Largest body the agent puts in one output frame.
 OUT_CHUNK = 256 * 1024
@@ -46,6 +46,9 @@ class Agent:
         self.undumpable = False
         self.last_sent = time.monotonic()
         self._wake_r, self._wake_w = os.pipe()
+        self.sessions = interpreter.Sessions(
+            self.send, self.sel, execmod.kill_tree, self.base_env, self.workspace.root, self.token
+        )
 
     # -- output ----------------------------------------------------------
 
@@ -103,6 +106,7 @@ class Agent:
             # However the loop ends (host gone, or a bug), leave no command running.
             for cmd in list(self.commands.values()):
                 execmod.kill_tree(cmd.pid, cmd.marker)
+            self.sessions.kill_all()
 
     def _serve(self) -> None:
         while self.running:
@@ -113,6 +117,8 @@ class Agent:
                     self._read_host()
                 elif tag == "wake":
                     self._drain_wake()
+                elif tag == "session":
+                    self.sessions.event(key.fd)
                 elif tag == "stdin":
                     # An earlier event of this batch may have closed it.
                     owner = self.fd_owner.get(key.fd)
@@ -122,14 +128,20 @@ class Agent:
                     self._read_output(key.fd)
             self._reap()
             self._check_deadlines()
-            if self.commands and time.monotonic() - self.last_sent >= HEARTBEAT:
+            self.sessions.tick()
+            if self._busy() and time.monotonic() - self.last_sent >= HEARTBEAT:
                 self.send({"t": "beat"})
+
+    def _busy(self) -> bool:
+        """Whether the host waits on something here (then heartbeats flow)."""
+        return bool(self.commands) or self.sessions.busy()
 
     def _next_timeout(self) -> Optional[float]:
         now = time.monotonic()
-        best: Optional[float] = None
-        if self.commands:
-            best = max(0.0, self.last_sent + HEARTBEAT - now)
+        best = self.sessions.next_timeout()
+        if self._busy():
+            beat = max(0.0, self.last_sent + HEARTBEAT - now)
+            best = beat if best is None else min(best, beat)
         for cmd in self.commands.values():
             for when in (cmd.deadline, cmd.exited_at and cmd.exited_at + execmod.DRAIN_GRACE):
                 if when:
@@ -230,6 +242,8 @@ class Agent:
         elif kind == "remove":
             self.workspace.remove(h.get("path", ""), bool(h.get("recursive")))
             self.send({"t": "done", "id": rid})
+        elif kind.startswith("session."):
+            self.sessions.handle(kind, h, body)
         elif kind == "ping":
             self.send({"t": "pong", "id": rid})
         elif kind == "shutdown":
@@ -364,7 +378,9 @@ class Agent:
             if pid == 0:
                 break
             cmd = self.by_pid.pop(pid, None)
-            if cmd is not None:
+            if cmd is None:
+                self.sessions.reaped(pid, status)
+            else:
                 cmd.status = status
                 cmd.exited_at = time.monotonic()
                 cmd.proc.returncode = status  # tell Popen it is reaped

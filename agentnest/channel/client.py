@@ -20,23 +20,32 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import ChannelError, FileAccessError
+from ..errors import ChannelError, FileAccessError, SessionLostError
 from .protocol import (
+    MAX_DISPLAY_ITEMS,
     Frame,
     Header,
     Hello,
     ProtocolViolation,
+    RawDisplay,
     RawExit,
+    RawSessionRun,
+    RawValue,
+    SessionInfo,
     WireError,
     encode,
     error_fields,
     new_decoder,
+    parse_display,
     parse_exit,
     parse_hello,
+    parse_session_opened,
+    parse_session_ran,
+    parse_value,
 )
 from .streams import ByteStream
 
-__all__ = ["Channel", "ExecHandle", "RawExit"]
+__all__ = ["Channel", "ExecHandle", "RawExit", "SessionRunHandle"]
 
 #: Size of one file-data frame sent to the agent.
 WRITE_CHUNK = 1024 * 1024
@@ -274,6 +283,74 @@ class Channel:
             raise
         return handle
 
+    # -- Python sessions ------------------------------------------------------
+
+    def session_call(self, header: dict[str, Any], deadline: float | None) -> Header:
+        """Send ``session.open``/``reset``/``close``; return the ``done`` reply.
+
+        Raises:
+            SessionLostError: the agent has no such session, or its
+                interpreter could not start.
+            ChannelError: the agent is gone or broke the protocol.
+        """
+        p = self._register()
+        try:
+            header["id"] = p.rid
+            self.send(header)
+            reply, _ = self._get(p, deadline, f"a reply to {header['t']!r}")
+            if reply["t"] == "error":
+                raise _session_error(reply)
+            if reply["t"] != "done":
+                self.close(f"protocol violation: {reply['t']!r:.30} frame in reply to {header['t']!r}")
+                raise ChannelError(f"the agent answered {header['t']!r} with a {reply['t']!r:.30} frame")
+            return reply
+        finally:
+            self._unregister(p)
+
+    def open_session(self, deadline: float | None, *, reset: int | None = None) -> SessionInfo:
+        """Start a Python session (or restart session ``reset``) and wait until it is ready."""
+        header: dict[str, Any] = {"t": "session.open"}
+        if reset is not None:
+            header = {"t": "session.reset", "session": reset}
+        reply = self.session_call(header, deadline)
+        try:
+            info = parse_session_opened(reply)
+        except ProtocolViolation as exc:
+            self.close(f"protocol violation: {exc}")
+            raise ChannelError(f"the agent broke the protocol: {exc}") from None
+        if reset is not None and info.session != reset:
+            self.close("protocol violation: the agent reset another session")
+            raise ChannelError("the agent broke the protocol: it reset another session")
+        return info
+
+    def start_session_run(
+        self, session: int, code: bytes, *, timeout: float | None, max_output: int
+    ) -> SessionRunHandle:
+        """Send ``code`` to run in ``session``; read the outcome from the handle."""
+        p = self._register()
+        handle = SessionRunHandle(self, p, max_output, session)
+        header = {
+            "t": "session.run",
+            "id": p.rid,
+            "session": session,
+            "timeout": timeout,
+            "max_output": max_output,
+        }
+        try:
+            self.send(header, code)
+        except BaseException:
+            self._unregister(p)
+            raise
+        return handle
+
+    def interrupt_session(self, session: int) -> None:
+        """Raise KeyboardInterrupt in the session's running code (no reply)."""
+        if self.alive:
+            try:
+                self.send({"t": "session.interrupt", "session": session})
+            except ChannelError:
+                pass
+
     def write_file(self, path: str, data: bytes, mode: int, deadline: float | None) -> int:
         p = self._register()
         try:
@@ -336,6 +413,14 @@ def _raise_if_error(header: Header, path: str | None) -> None:
     if code in ("protocol", "internal", "unknown", "invalid"):
         raise ChannelError(f"the agent refused the request ({code}): {message}")
     raise FileAccessError(message, path=path, code=code)
+
+
+def _session_error(header: Header) -> Exception:
+    code, message = error_fields(header)
+    # A closed table: the agent's code picks one of these, never a class.
+    if code in ("session_lost", "no_session", "spawn", "too_many_sessions"):
+        return SessionLostError(message)
+    return ChannelError(f"the agent refused the session request ({code}): {message}")
 
 
 class ExecHandle:
@@ -408,5 +493,125 @@ class ExecHandle:
                 pass
 
     def abandon(self) -> None:
-        """Stop listening (after cancel, when the result no longer matters)."""
+        """Stop listening (after cancel, when the result no longer matters).
+
+        A thread still blocked in :meth:`next_event` (an awaiting task of
+        ``AsyncSandbox`` that was cancelled) wakes up with ``ChannelError``
+        instead of waiting out its deadline.
+        """
+        self._channel._unregister(self._pending)
+        try:
+            self._pending.q.put_nowait(None)
+        except queue.Full:
+            pass  # the waiter has frames to read: it is not blocked
+
+
+class SessionRunHandle:
+    """Code running in a Python session: its output, display items, values and outcome.
+
+    Every frame is checked: output and display data share the caller's
+    ``max_output`` budget (the rest is dropped and ``truncated`` set), display
+    items are reassembled from their pieces under that budget and at most
+    :data:`MAX_DISPLAY_ITEMS` of them are kept, and the result and error
+    texts are bounded by the protocol.
+    """
+
+    def __init__(self, channel: Channel, pending: _Pending, max_output: int, session: int) -> None:
+        self._channel = channel
+        self._pending = pending
+        self._max = max_output
+        self.session = session
+        self._seen = 0
+        self._since = time.monotonic()
+        self._items = 0
+        self._mime: str | None = None
+        self._parts: list[bytes] = []
+        self._part_bytes = 0
+        self._dropping = False
+        self._values: set[str] = set()
+        self.truncated = False
+        self.result: RawSessionRun | None = None
+
+    @property
+    def id(self) -> int:
+        return self._pending.rid
+
+    def next_event(self, deadline: float | None) -> tuple[int, bytes] | RawDisplay | RawValue | RawSessionRun:
+        """The next output ``(fd, bytes)``, display item or value; the :class:`RawSessionRun` last."""
+        while True:
+            header, body = self._channel._get(
+                self._pending, deadline, "the session's result", stall=STALL_AFTER, since=self._since
+            )
+            kind = header["t"]
+            try:
+                if kind == "out":
+                    fd = header.get("fd")
+                    if fd not in (1, 2):
+                        raise ProtocolViolation("output frame with an invalid fd")
+                    room = self._max - self._seen - self._part_bytes
+                    if len(body) > room:
+                        self.truncated = True
+                        body = body[: max(room, 0)]
+                    self._seen += len(body)
+                    if body:
+                        return fd, body
+                elif kind == "display":
+                    item = self._display(header, body)
+                    if item is not None:
+                        return item
+                elif kind == "value":
+                    value = parse_value(header, body)
+                    if value.name in self._values:
+                        raise ProtocolViolation(f"a second {value.name!r} value in one run")
+                    self._values.add(value.name)
+                    return value
+                elif kind == "ran":
+                    if self._mime is not None:
+                        raise ProtocolViolation("the run ended inside a display item")
+                    self.result = parse_session_ran(header)
+                    self._channel._unregister(self._pending)
+                    return self.result
+                elif kind == "error":
+                    self._channel._unregister(self._pending)
+                    raise _session_error(header)
+                else:
+                    raise ProtocolViolation(f"unexpected {kind!r:.30} frame during a session run")
+            except ProtocolViolation as exc:
+                self._channel.close(f"protocol violation: {exc}")
+                raise ChannelError(f"the agent broke the protocol: {exc}") from None
+
+    def _display(self, header: Header, body: bytes) -> RawDisplay | None:
+        mime, final = parse_display(header)
+        if self._mime is not None and mime != self._mime:
+            raise ProtocolViolation("a display item changed its MIME type midway")
+        self._mime = mime
+        if not self._dropping:
+            if self._items >= MAX_DISPLAY_ITEMS or self._seen + self._part_bytes + len(body) > self._max:
+                # Over budget: drop the whole item, never hand out part of an image.
+                self._dropping = True
+                self.truncated = True
+                self._parts = []
+                self._part_bytes = 0
+            else:
+                self._parts.append(body)
+                self._part_bytes += len(body)
+        if not final:
+            return None
+        item = None if self._dropping else RawDisplay(mime, b"".join(self._parts))
+        if item is not None:
+            self._items += 1
+            self._seen += self._part_bytes
+        self._mime = None
+        self._parts = []
+        self._part_bytes = 0
+        self._dropping = False
+        return item
+
+    def interrupt(self) -> None:
+        """Interrupt the running code (KeyboardInterrupt); the outcome still arrives."""
+        if self.result is None:
+            self._channel.interrupt_session(self.session)
+
+    def abandon(self) -> None:
+        """Stop listening (the outcome no longer matters)."""
         self._channel._unregister(self._pending)

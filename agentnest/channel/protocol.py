@@ -10,28 +10,50 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..agent import wire
+from ..agent import interpreter, wire
 from ..agent.wire import PROTOCOL_VERSION, Decoder, Frame, Header, WireError, encode
 
 __all__ = [
+    "BINARY_MIMES",
+    "DISPLAY_MIMES",
     "HOST_MAX_BODY",
+    "MAX_DISPLAY_ITEMS",
+    "MAX_SESSION_VALUE",
     "PROTOCOL_VERSION",
     "Decoder",
     "Frame",
     "Header",
     "Hello",
     "ProtocolViolation",
+    "RawDisplay",
     "RawExit",
+    "RawSessionRun",
+    "RawValue",
+    "SessionInfo",
     "WireError",
     "encode",
     "new_decoder",
+    "parse_display",
     "parse_exit",
     "parse_hello",
+    "parse_session_opened",
+    "parse_session_ran",
+    "parse_value",
 ]
 
 #: The agent sends output in frames of at most 256 KiB and file data in 1 MiB;
 #: anything larger is a violation.
 HOST_MAX_BODY = 2 * 1024 * 1024
+#: Display MIME types a Python session may send: a closed table, so that the
+#: host (never the sandbox) decides how each is decoded.
+DISPLAY_MIMES = interpreter.DISPLAY_MIMES
+#: Of those, the ones whose data is binary (base64 in ``DisplayItem.data``).
+BINARY_MIMES = interpreter.BINARY_MIMES
+#: Largest ``value`` body (a result's repr or a traceback, already bounded in
+#: the sandbox); a bigger one is a violation.
+MAX_SESSION_VALUE = interpreter.VALUE_MAX_BYTES
+#: Display items in one session run; more are dropped (``truncated``).
+MAX_DISPLAY_ITEMS = interpreter.MAX_DISPLAY_ITEMS
 
 
 class ProtocolViolation(Exception):
@@ -114,6 +136,91 @@ def parse_exit(h: Header) -> RawExit:
         duration=float(duration),
         spawn_error=h.get("spawn_error") is True,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A Python session the agent started (checked)."""
+
+    session: int
+    pid: int
+    python: str
+
+
+@dataclass(frozen=True, slots=True)
+class RawSessionRun:
+    """How a session run ended, as the agent reported it (checked)."""
+
+    timed_out: bool
+    interrupted: bool
+    truncated: bool
+    duration: float
+    lost: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RawDisplay:
+    """One complete display item of a session run."""
+
+    mime: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RawValue:
+    """A session run's ``result`` (repr of the trailing expression) or ``error`` (traceback)."""
+
+    name: str
+    text: str
+
+
+def _duration(h: Header) -> float:
+    duration = h.get("duration", 0.0)
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 <= duration < 1e7:
+        raise ProtocolViolation(f"{h.get('t')!r} frame duration is invalid")
+    return float(duration)
+
+
+def parse_session_opened(h: Header) -> SessionInfo:
+    if h.get("t") != "done":
+        raise ProtocolViolation(f"expected a done frame for the session, got {h.get('t')!r:.40}")
+    return SessionInfo(
+        session=_int(h, "session", 1, 1 << 62),
+        pid=_int(h, "pid", 1, 1 << 22),
+        python=_str(h, "python", 40),
+    )
+
+
+def parse_session_ran(h: Header) -> RawSessionRun:
+    reason = h.get("reason", "")
+    if not isinstance(reason, str):
+        raise ProtocolViolation("ran frame reason is invalid")
+    return RawSessionRun(
+        timed_out=h.get("timed_out") is True,
+        interrupted=h.get("interrupted") is True,
+        truncated=h.get("truncated") is True,
+        duration=_duration(h),
+        lost=h.get("lost") is True,
+        reason=reason[:1000],
+    )
+
+
+def parse_display(h: Header) -> tuple[str, bool]:
+    """The (mime, final) of one piece of a display item."""
+    mime = h.get("mime")
+    if not isinstance(mime, str) or mime not in DISPLAY_MIMES:
+        raise ProtocolViolation(f"display frame MIME type {mime!r:.60} is not one AgentNest accepts")
+    return mime, h.get("final") is True
+
+
+def parse_value(h: Header, body: bytes) -> RawValue:
+    name = h.get("name")
+    if name not in ("result", "error"):
+        raise ProtocolViolation(f"value frame name {name!r:.40} is invalid")
+    if len(body) > MAX_SESSION_VALUE:
+        raise ProtocolViolation(f"value frame of {len(body)} bytes is over the limit of {MAX_SESSION_VALUE}")
+    return RawValue(name, body.decode("utf-8", "replace"))
 
 
 def error_fields(h: Header) -> tuple[str, str]:

@@ -31,7 +31,7 @@ from functools import lru_cache
 from importlib import resources
 
 #: Load order matters: a module's relative imports must already be loaded.
-AGENT_MODULES = ("wire", "files", "exec", "loop")
+AGENT_MODULES = ("wire", "files", "exec", "interpreter", "loop")
 PACKAGE = "agentnest_agent"
 #: What PID 1 writes to the container's stderr when the first agent exits.
 AGENT_EXITED = b"\x00AGENTNEST-AGENT-EXITED\x00"
@@ -50,6 +50,7 @@ def load():
         m.__file__ = "<agentnest-agent/" + name + ".py>"
         sys.modules[m.__name__] = m; setattr(pkg, name, m)
         exec(compile(src, m.__file__, "exec"), m.__dict__)
+    pkg.sources = dict(mods)  # Python sessions start from these (there are no files)
     return sys.modules["%(pkg)s.loop"]
 if sys.argv[1] == "keeper":
     import signal

@@ -1,0 +1,1237 @@
+"""Persistent Python sessions: one interpreter process per session, driven by the agent.
+
+Both halves live in this module because both ship as source:
+
+* the agent's half, :class:`Sessions`: starts one interpreter child per
+  session, feeds it code as wire frames over a pipe, relays its output,
+  display items and results to the host under the host's request id,
+  interrupts it (SIGINT) at a run's deadline and kills it if it does not
+  stop within :data:`INTERRUPT_GRACE`;
+* the interpreter's half, :func:`child_main`: runs each piece of code in one
+  namespace that persists across runs, notebook style (the value of a
+  trailing expression comes back as the result).
+
+The child is a fresh ``python3`` (the agent's own interpreter), started with
+:data:`CHILD_BOOT`.  Unlike the agent it runs with ``site`` enabled, so the
+image's installed packages import as usual.  It receives this module and
+:mod:`.wire` as source over its request pipe and loads them into memory, as
+the agent itself is loaded: nothing is written to the sandbox's filesystem.
+
+File descriptors of an interpreter child::
+
+    0     /dev/null: input() gets EOF instead of hanging
+    1, 2  pipes the agent reads: print(), subprocesses and C code all land there
+    N, M  request pipe (frames from the agent) and reply pipe (frames to it)
+
+The frame pipes are deliberately *not* fd 0/1: a subprocess or a C library
+writing to stdout must not be able to corrupt the frame stream by accident.
+They are non-inheritable in the child, so ``os.system`` and ``subprocess``
+children never hold them.  Code in the session can still reach them on
+purpose (it runs as the agent's user); the agent therefore checks what the
+child sends, and the host checks everything again.
+
+This module is stdlib-only and imports nothing outside ``agent/``.  The
+child's imports (``ast``, ``traceback``...) happen inside its functions, so
+the agent's idle memory does not grow by them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from . import wire
+
+#: Largest repr of a trailing expression that comes back, in characters.
+RESULT_LIMIT = 64 * 1024
+#: Largest traceback that comes back, in characters (head and tail are kept).
+ERROR_LIMIT = 64 * 1024
+#: Largest ``value`` frame body: the limits above in UTF-8, plus room for a marker.
+VALUE_MAX_BYTES = 4 * max(RESULT_LIMIT, ERROR_LIMIT) + 1024
+#: Largest single display item (an image, an HTML table...).
+DISPLAY_ITEM_LIMIT = 16 * 1024 * 1024
+#: Display items per run; more are dropped (``truncated``).
+MAX_DISPLAY_ITEMS = 256
+#: Display data is relayed to the host in pieces of this size (the host's
+#: frame bodies are bounded at 2 MiB).
+DISPLAY_CHUNK = 1024 * 1024
+#: Largest piece of code one run accepts (the host refuses more before sending).
+MAX_CODE_BYTES = 8 * 1024 * 1024
+#: After the interrupt at a deadline, how long code may take to stop before
+#: the interpreter is killed (its state is then lost).
+INTERRUPT_GRACE = 2.0
+#: How long an interpreter may take to start and say it is ready.
+START_TIMEOUT = 30.0
+#: Output a session writes between runs (background threads, processes) is
+#: held for the next run up to this many bytes; the rest is dropped.
+HOLD_LIMIT = 64 * 1024
+#: Sessions per agent.  Each costs four of the agent's descriptors and a
+#: Python process; the cap keeps a runaway caller from exhausting either.
+MAX_SESSIONS = 64
+#: After the reply pipe closes, how long to wait for the exit status.
+EOF_WAIT = 1.0
+#: Environment marker of a session's processes (the same one commands carry),
+#: so that killing a session takes its background processes too.
+MARKER = "AGENTNEST_EXEC"
+#: Display MIME types, richest first: the first one an object offers wins.
+RICH_METHODS = (
+    ("_repr_png_", "image/png"),
+    ("_repr_jpeg_", "image/jpeg"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_latex_", "text/latex"),
+    ("_repr_json_", "application/json"),
+)
+DISPLAY_MIMES = frozenset([m for _, m in RICH_METHODS] + ["text/plain"])
+BINARY_MIMES = frozenset(["image/png", "image/jpeg"])
+CHILD_PACKAGE = "agentnest_session"
+#: Modules the interpreter child loads, in load order.
+CHILD_MODULES = ("wire", "interpreter")
+#: How the interpreter's own frames are named in tracebacks (they are hidden).
+OWN_FILES = "<%s/" % CHILD_PACKAGE
+
+#: The child's ``-c`` program: argv is ``[-c, REQUEST_FD, REPLY_FD]``.  It
+#: takes the working directory off ``sys.path`` while it loads (a workspace
+#: file named ``json.py`` must not replace the stdlib module it needs), reads
+#: the length-prefixed, compressed sources from the request pipe and runs
+#: :func:`child_main`.
+CHILD_BOOT = r"""
+import sys
+_cwd = bool(sys.path) and sys.path[0] == ""
+if _cwd:
+    del sys.path[0]
+def _load():
+    import json, os, types, zlib
+    fd = int(sys.argv[1])
+    def take(n):
+        out = b""
+        while len(out) < n:
+            got = os.read(fd, n - len(out))
+            if not got:
+                os._exit(3)
+            out += got
+        return out
+    head = b""
+    while not head.endswith(b"\n"):
+        head += take(1)
+    mods = json.loads(zlib.decompress(take(int(head))))
+    pkg = types.ModuleType("%(pkg)s"); pkg.__path__ = []; pkg.__package__ = "%(pkg)s"
+    sys.modules["%(pkg)s"] = pkg
+    for name, src in mods:
+        m = types.ModuleType("%(pkg)s." + name); m.__package__ = "%(pkg)s"
+        m.__file__ = "<%(pkg)s/" + name + ".py>"
+        sys.modules[m.__name__] = m; setattr(pkg, name, m)
+        exec(compile(src, m.__file__, "exec", dont_inherit=True), m.__dict__)
+    return sys.modules["%(pkg)s.interpreter"]
+_main = _load()
+if _cwd:
+    sys.path.insert(0, "")
+_main.child_main(int(sys.argv[1]), int(sys.argv[2]))
+""".replace("%(pkg)s", CHILD_PACKAGE)
+
+_bundle_cache: List[bytes] = []
+
+
+def child_bundle() -> bytes:
+    """The sources the child loads, compressed and length-prefixed (cached)."""
+    if not _bundle_cache:
+        # Loaded by the bootstrap, the agent's package keeps its sources in
+        # memory (there are no files); loaded from a checkout, read them.
+        pkg = sys.modules.get(__package__ or "")
+        sources = getattr(pkg, "sources", None) or {}
+        mods = []
+        for name in CHILD_MODULES:
+            src = sources.get(name)
+            if src is None:
+                path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+                with open(path, encoding="utf-8") as f:
+                    src = f.read()
+            mods.append([name, src])
+        blob = zlib.compress(json.dumps(mods).encode("utf-8"), 6)
+        _bundle_cache.append(b"%d\n" % len(blob) + blob)
+    return _bundle_cache[0]
+
+
+def describe_status(status: int) -> str:
+    """Explain a wait status the way a user can act on."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "signal %d" % sig
+        hint = ""
+        if sig == signal.SIGKILL:
+            hint = "; killed from outside, e.g. by the kernel when the sandbox ran out of memory"
+        elif sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT):
+            hint = "; it crashed (see stderr for the fault report)"
+        return "the Python interpreter was killed by signal %d (%s%s)" % (sig, name, hint)
+    if os.WIFEXITED(status):
+        return "the Python interpreter exited with status %d (os._exit(), or a thread ended it)" % (
+            os.WEXITSTATUS(status)
+        )
+    return "the Python interpreter ended (wait status %d)" % status
+
+
+# -- the agent's half --------------------------------------------------------------------
+
+STARTING, IDLE, RUNNING, DEAD = "starting", "idle", "running", "dead"
+_ROLE_REQUEST, _ROLE_REPLY = 0, 3  # 1 and 2 are the child's stdout and stderr
+
+
+class Run(object):
+    """One piece of code running in a session."""
+
+    __slots__ = (
+        "deadline",
+        "displays",
+        "grace",
+        "interrupted",
+        "limit",
+        "rid",
+        "sent",
+        "started",
+        "timed_out",
+        "truncated",
+    )
+
+    def __init__(self, rid: int, limit: int) -> None:
+        self.rid = rid
+        self.limit = limit
+        self.started = time.monotonic()
+        self.deadline: Optional[float] = None
+        self.grace: Optional[float] = None
+        self.timed_out = False
+        self.interrupted = False
+        self.sent = 0
+        self.truncated = False
+        self.displays = 0
+
+    def take(self, data: bytes) -> bytes:
+        """Apply the output budget (stdout, stderr and display share it)."""
+        room = self.limit - self.sent
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        self.sent += len(data)
+        return data
+
+
+class Session(object):
+    """The agent's bookkeeping for one interpreter child."""
+
+    __slots__ = (
+        "decoder",
+        "eof_at",
+        "held",
+        "held_bytes",
+        "held_cut",
+        "marker",
+        "outq",
+        "outs",
+        "pid",
+        "proc",
+        "python",
+        "reason",
+        "rep_fd",
+        "req_fd",
+        "run",
+        "sid",
+        "start_deadline",
+        "state",
+        "waiting",
+    )
+
+    def __init__(self, sid: int, proc: "subprocess.Popen[bytes]", marker: str, req_fd: int, rep_fd: int):
+        self.sid = sid
+        self.proc = proc
+        self.pid = proc.pid
+        self.marker = marker
+        self.req_fd: Optional[int] = req_fd
+        self.rep_fd: Optional[int] = rep_fd
+        self.outs: Dict[int, int] = {}
+        # The child is untrusted: bounded frames, like the host's decoder.
+        self.decoder = wire.Decoder(max_body_bytes=DISPLAY_ITEM_LIMIT + 1024)
+        self.outq: List[bytes] = []
+        self.state = STARTING
+        self.waiting: Optional[int] = None
+        self.run: Optional[Run] = None
+        self.held: List[Tuple[int, bytes]] = []
+        self.held_bytes = 0
+        self.held_cut = False
+        self.python = ""
+        self.reason = ""
+        self.eof_at: Optional[float] = None
+        self.start_deadline = time.monotonic() + START_TIMEOUT
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGKILL if the agent dies.
+
+    An interpreter whose agent is gone can never be reached again (the host
+    starts a new agent and reports the session lost), so it must not keep
+    running code -- an infinite loop would burn the sandbox's CPU until its
+    deadline.
+    """
+
+    def setup() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except Exception:  # noqa: S110 - best effort: without it the child still exits on EOF
+            pass
+        if os.getppid() != parent:  # the agent died before the prctl took hold
+            os._exit(1)
+
+    return setup
+
+
+class Sessions(object):
+    """Every session of one agent, driven by the agent's selector loop."""
+
+    def __init__(
+        self,
+        send: Callable[..., None],
+        sel: selectors.BaseSelector,
+        kill_tree: Callable[[int, str], int],
+        env: Dict[str, str],
+        cwd: str,
+        token: str,
+    ) -> None:
+        self._send = send
+        self._sel = sel
+        self._kill_tree = kill_tree
+        self._env = env
+        self._cwd = cwd
+        self._token = token
+        self.by_sid: Dict[int, Session] = {}
+        self.by_pid: Dict[int, Session] = {}
+        self._fds: Dict[int, Tuple[Session, int]] = {}
+
+    # -- requests from the host -------------------------------------------------------
+
+    def error(self, rid: Optional[int], code: str, message: str) -> None:
+        self._send({"t": "error", "id": rid, "code": code, "message": message[:4000]})
+
+    def handle(self, kind: str, h: Dict[str, Any], body: bytes) -> None:
+        rid = h.get("id")
+        if kind == "session.interrupt":
+            s = self.by_sid.get(_int(h.get("session")))
+            if s is not None and s.run is not None and s.run.grace is None:
+                s.run.interrupted = True
+                self._interrupt(s, s.run)
+            return
+        if not isinstance(rid, int):
+            self.error(None, "invalid", "%s needs a request id" % kind)
+            return
+        if kind == "session.open":
+            if rid in self.by_sid:
+                self.error(rid, "protocol", "session %d already exists" % rid)
+            elif len(self.by_sid) >= MAX_SESSIONS:
+                self.error(
+                    rid,
+                    "too_many_sessions",
+                    "this sandbox already has %d Python sessions, the most it allows; "
+                    "close() sessions you no longer need" % MAX_SESSIONS,
+                )
+            else:
+                self._start(rid, rid)
+            return
+        s = self.by_sid.get(_int(h.get("session")))
+        if s is None:
+            self.error(rid, "no_session", "there is no session %r in this agent" % (h.get("session"),))
+        elif kind == "session.run":
+            self._run(s, rid, h, body)
+        elif kind == "session.reset":
+            self._dead(s, "the session was reset")
+            self._unlist(s)
+            self._start(s.sid, rid)
+        elif kind == "session.close":
+            self._dead(s, "the session was closed")
+            self._unlist(s)
+            self._send({"t": "done", "id": rid})
+        else:
+            self.error(rid, "unknown", "unknown request type %r" % kind)
+
+    def _start(self, sid: int, rid: int) -> None:
+        try:
+            s = self._spawn(sid)
+        except OSError as exc:
+            self.error(rid, "spawn", "could not start the Python interpreter %s: %s" % (sys.executable, exc))
+            return
+        s.waiting = rid
+        self.by_sid[sid] = s
+
+    def _spawn(self, sid: int) -> Session:
+        marker = "%s-s%d" % (self._token, sid)
+        env = dict(self._env)
+        env[MARKER] = marker
+        # Figures render off-screen; pyplot is otherwise unchanged.
+        env.setdefault("MPLBACKEND", "Agg")
+        home = env.get("HOME") or "/"
+        if "MPLCONFIGDIR" not in env and not os.access(home, os.W_OK):
+            # A read-only home makes matplotlib warn on stderr at every start.
+            env["MPLCONFIGDIR"] = os.path.join(env.get("TMPDIR") or "/tmp", "agentnest-matplotlib")
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable or "python3", "-c", CHILD_BOOT, str(req_r), str(rep_w)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=self._cwd,
+                env=env,
+                pass_fds=(req_r, rep_w),
+                close_fds=True,
+                # Its own session and process group: a tree kill takes
+                # everything the session started, and nothing else.
+                start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()),  # the agent is single-threaded, so this is safe
+            )
+        except BaseException:
+            for fd in (req_w, rep_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        s = Session(sid, proc, marker, req_w, rep_r)
+        assert proc.stdout is not None and proc.stderr is not None
+        for fd, role in ((req_w, _ROLE_REQUEST), (rep_r, _ROLE_REPLY)):
+            os.set_blocking(fd, False)
+            self._fds[fd] = (s, role)
+        for stream, which in ((proc.stdout, 1), (proc.stderr, 2)):
+            fd = stream.fileno()
+            os.set_blocking(fd, False)
+            s.outs[fd] = which
+            self._fds[fd] = (s, which)
+            self._sel.register(fd, selectors.EVENT_READ, "session")
+        self._sel.register(rep_r, selectors.EVENT_READ, "session")
+        self.by_pid[s.pid] = s
+        s.outq.append(child_bundle())
+        self._pump(s)
+        return s
+
+    def _run(self, s: Session, rid: int, h: Dict[str, Any], body: bytes) -> None:
+        if s.state == DEAD:
+            self.error(rid, "session_lost", s.reason)
+            return
+        if s.state != IDLE:
+            self.error(
+                rid, "busy", "session %d is %s; it runs one piece of code at a time" % (s.sid, s.state)
+            )
+            return
+        if len(body) > MAX_CODE_BYTES:
+            self.error(
+                rid, "invalid", "code of %d bytes is over the limit of %d" % (len(body), MAX_CODE_BYTES)
+            )
+            return
+        limit = h.get("max_output")
+        run = Run(rid, limit if isinstance(limit, int) and limit >= 0 else 1 << 62)
+        timeout = h.get("timeout")
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+            run.deadline = run.started + float(timeout)
+        s.run = run
+        s.state = RUNNING
+        # What the session printed between runs comes first.
+        held, s.held, s.held_bytes = s.held, [], 0
+        if s.held_cut:
+            run.truncated = True
+            s.held_cut = False
+        for which, data in held:
+            self._output(s, which, data)
+        s.outq.append(wire.encode({"t": "run"}, body))
+        self._pump(s)
+
+    # -- events from the children ------------------------------------------------------
+
+    def event(self, fd: int) -> None:
+        entry = self._fds.get(fd)
+        if entry is None:
+            return
+        s, role = entry
+        if role == _ROLE_REQUEST:
+            self._pump(s)
+        elif role == _ROLE_REPLY:
+            self._read_replies(s)
+        else:
+            self._read_output(s, fd, role)
+
+    def _pump(self, s: Session) -> None:
+        fd = s.req_fd
+        if fd is None:
+            return
+        while s.outq:
+            chunk = s.outq[0]
+            try:
+                n = os.write(fd, chunk)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # the child is gone; its exit status will say why
+                s.outq = []
+                break
+            if n < len(chunk):
+                s.outq[0] = chunk[n:]
+            else:
+                s.outq.pop(0)
+        registered = fd in self._sel.get_map()
+        if s.outq and not registered:
+            self._sel.register(fd, selectors.EVENT_WRITE, "session")
+        elif not s.outq and registered:
+            self._sel.unregister(fd)
+
+    def _read_output(self, s: Session, fd: int, which: int) -> None:
+        try:
+            data = os.read(fd, 256 * 1024)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._forget_fd(s, fd)
+            return
+        self._output(s, which, data)
+
+    def _output(self, s: Session, which: int, data: bytes) -> None:
+        run = s.run
+        if run is None:
+            room = HOLD_LIMIT - s.held_bytes
+            if len(data) > room:
+                s.held_cut = True
+                data = data[: max(room, 0)]
+            if data:
+                s.held.append((which, data))
+                s.held_bytes += len(data)
+            return
+        data = run.take(data)
+        if data:
+            self._send({"t": "out", "id": run.rid, "fd": which}, data)
+
+    def _drain_output(self, s: Session) -> None:
+        """Read what the child's stdout and stderr already hold (bounded)."""
+        for fd in list(s.outs):
+            for _ in range(64):
+                if fd not in s.outs:
+                    break
+                try:
+                    data = os.read(fd, 256 * 1024)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    self._forget_fd(s, fd)
+                    break
+                self._output(s, s.outs[fd], data)
+
+    def _read_replies(self, s: Session) -> None:
+        fd = s.rep_fd
+        if fd is None:
+            return
+        try:
+            data = os.read(fd, 1024 * 1024)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._forget_fd(s, fd)
+            if s.state != DEAD and s.eof_at is None:
+                # The exit status follows in a moment (SIGCHLD); wait for it
+                # to say why, but not forever (the child may live on without
+                # its reply pipe).
+                s.eof_at = time.monotonic()
+            return
+        s.decoder.feed(data)
+        try:
+            frames = s.decoder.frames()
+        except wire.WireError as exc:
+            self._dead(s, "the interpreter sent an invalid frame (%s); it was killed" % exc)
+            return
+        for header, body in frames:
+            if s.state == DEAD:
+                return
+            self._reply(s, header, body)
+
+    def _reply(self, s: Session, h: Dict[str, Any], body: bytes) -> None:
+        kind = h["t"]
+        if kind == "ready" and s.state == STARTING:
+            s.state = IDLE
+            python = h.get("python")
+            s.python = python[:40] if isinstance(python, str) else ""
+            if s.waiting is not None:
+                self._send({"t": "done", "id": s.waiting, "session": s.sid, "pid": s.pid, "python": s.python})
+                s.waiting = None
+            return
+        run = s.run
+        if kind == "display":
+            # Outside a run (a background thread called display()) there is
+            # no request to attach the item to: it is dropped.
+            if run is not None:
+                self._display(run, h.get("mime"), body)
+            return
+        if run is None:
+            self._dead(s, "the interpreter sent an unexpected %r frame; it was killed" % kind[:40])
+        elif kind == "value":
+            name = h.get("name")
+            if name in ("result", "error") and len(body) <= VALUE_MAX_BYTES:
+                self._send({"t": "value", "id": run.rid, "name": name}, body)
+            else:
+                self._dead(s, "the interpreter sent an invalid value frame; it was killed")
+        elif kind == "ran":
+            self._drain_output(s)
+            s.run = None
+            s.state = IDLE
+            self._send(
+                {
+                    "t": "ran",
+                    "id": run.rid,
+                    "timed_out": run.timed_out,
+                    "interrupted": run.interrupted,
+                    "truncated": run.truncated or h.get("truncated") is True,
+                    "duration": time.monotonic() - run.started,
+                }
+            )
+        else:
+            self._dead(s, "the interpreter sent an unknown %r frame; it was killed" % kind[:40])
+
+    def _display(self, run: Run, mime: Any, body: bytes) -> None:
+        if mime not in DISPLAY_MIMES or run.displays >= MAX_DISPLAY_ITEMS or len(body) > run.limit - run.sent:
+            run.truncated = True
+            return
+        run.displays += 1
+        run.sent += len(body)
+        n = len(body)
+        for off in range(0, max(n, 1), DISPLAY_CHUNK):
+            last = off + DISPLAY_CHUNK >= n
+            self._send(
+                {"t": "display", "id": run.rid, "mime": mime, "final": last}, body[off : off + DISPLAY_CHUNK]
+            )
+
+    # -- processes, deadlines, cleanup ---------------------------------------------------
+
+    def reaped(self, pid: int, status: int) -> bool:
+        """The agent reaped ``pid``; True if it was a session's interpreter."""
+        s = self.by_pid.pop(pid, None)
+        if s is None:
+            return False
+        s.proc.returncode = status  # tell Popen it is reaped
+        if s.state != DEAD:
+            # Frames it sent just before it died still count (a result, say).
+            for _ in range(64):
+                if s.rep_fd is None or s.state == DEAD:
+                    break
+                before = s.decoder.buffered
+                self._read_replies(s)
+                if s.rep_fd is not None and s.decoder.buffered == before:
+                    break
+            self._dead(s, describe_status(status))
+        return True
+
+    def _interrupt(self, s: Session, run: Run) -> None:
+        # SIGINT raises KeyboardInterrupt in the running code; the namespace
+        # survives.  Only the interpreter gets it, not its subprocesses (a
+        # subprocess.run() it waits on is killed by subprocess itself).
+        run.grace = time.monotonic() + INTERRUPT_GRACE
+        try:
+            os.kill(s.pid, signal.SIGINT)
+        except OSError:
+            pass
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for s in list(self.by_sid.values()):
+            run = s.run
+            if s.state == STARTING and now >= s.start_deadline:
+                self._dead(s, "the Python interpreter did not start within %.0f s" % START_TIMEOUT)
+            elif run is not None:
+                if run.deadline is not None and now >= run.deadline and run.grace is None:
+                    run.timed_out = True
+                    self._interrupt(s, run)
+                elif run.grace is not None and now >= run.grace:
+                    self._dead(
+                        s,
+                        "the code did not stop within %.0f s of the interrupt (it caught or ignored "
+                        "KeyboardInterrupt, or is stuck in C code); the interpreter was killed"
+                        % INTERRUPT_GRACE,
+                    )
+            if s.state != DEAD and s.eof_at is not None and now >= s.eof_at + EOF_WAIT:
+                self._dead(s, "the Python interpreter closed its channel; it was killed")
+
+    def next_timeout(self) -> Optional[float]:
+        now = time.monotonic()
+        best: Optional[float] = None
+        for s in self.by_sid.values():
+            whens = [s.eof_at + EOF_WAIT if s.eof_at is not None else None]
+            if s.state == STARTING:
+                whens.append(s.start_deadline)
+            if s.run is not None:
+                whens.append(s.run.grace if s.run.grace is not None else s.run.deadline)
+            for when in whens:
+                if when is not None:
+                    wait = max(0.0, when - now)
+                    best = wait if best is None else min(best, wait)
+        return best
+
+    def busy(self) -> bool:
+        """True while any session runs code or starts (the host is waiting)."""
+        return any(s.state in (STARTING, RUNNING) for s in self.by_sid.values())
+
+    def _forget_fd(self, s: Session, fd: int) -> None:
+        if fd in self._sel.get_map():
+            self._sel.unregister(fd)
+        self._fds.pop(fd, None)
+        s.outs.pop(fd, None)
+        if fd == s.rep_fd:
+            s.rep_fd = None
+        if fd == s.req_fd:
+            s.req_fd = None
+            s.outq = []
+        for stream in (s.proc.stdout, s.proc.stderr):
+            if stream is not None and not stream.closed and stream.fileno() == fd:
+                stream.close()
+                return
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    def _dead(self, s: Session, reason: str) -> None:
+        """End a session's interpreter for ``reason`` and tell whoever waits."""
+        if s.state == DEAD:
+            return
+        s.state = DEAD
+        s.reason = reason
+        # Everything the session started goes with it.
+        self._kill_tree(s.pid, s.marker)
+        self._drain_output(s)
+        for fd in [s.req_fd, s.rep_fd, *s.outs]:
+            if fd is not None:
+                self._forget_fd(s, fd)
+        if s.waiting is not None:
+            tail = b"".join(d for w, d in s.held if w == 2)[-1500:].decode("utf-8", "replace")
+            self.error(
+                s.waiting,
+                "spawn",
+                "the Python interpreter did not start: %s%s" % (reason, "; stderr: " + tail if tail else ""),
+            )
+            s.waiting = None
+        run, s.run = s.run, None
+        if run is not None:
+            self._send(
+                {
+                    "t": "ran",
+                    "id": run.rid,
+                    "timed_out": run.timed_out,
+                    "interrupted": run.interrupted,
+                    "truncated": run.truncated,
+                    "duration": time.monotonic() - run.started,
+                    "lost": True,
+                    "reason": reason[:1000],
+                }
+            )
+        s.held, s.held_bytes = [], 0
+
+    def _unlist(self, s: Session) -> None:
+        if self.by_sid.get(s.sid) is s:
+            del self.by_sid[s.sid]
+
+    def kill_all(self) -> None:
+        for s in list(self.by_sid.values()):
+            self._kill_tree(s.pid, s.marker)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
+# -- the interpreter's half --------------------------------------------------------------
+
+
+class _Full(Exception):
+    """The bounded repr has reached its limit."""
+
+
+#: How repr() shows a container that holds itself.
+_RECURSION: Dict[Any, str] = {list: "[...]", dict: "{...}", tuple: "(...)"}
+_BRACKETS: Dict[Any, Tuple[str, str]] = {
+    list: ("[", "]"),
+    dict: ("{", "}"),
+    set: ("{", "}"),
+    frozenset: ("frozenset({", "})"),
+}
+
+
+def bounded_repr(value: Any, limit: int = RESULT_LIMIT) -> Tuple[str, bool]:
+    """``repr(value)`` cut at ``limit`` characters, and whether it was cut.
+
+    Built-in containers, strings and bytes are rendered piece by piece and
+    the work stops at the limit, so a huge value never becomes a huge string
+    first.  Other objects use their own ``repr``, cut afterwards.  Under the
+    limit the text is exactly ``repr(value)``.
+    """
+    out: List[str] = []
+    room = [limit]
+    try:
+        _repr_into(value, out, room, set(), 0)
+    except _Full:
+        return "".join(out)[:limit], True
+    text = "".join(out)
+    if len(text) > limit:
+        return text[:limit], True
+    return text, False
+
+
+def _emit(piece: str, out: List[str], room: List[int]) -> None:
+    out.append(piece)
+    room[0] -= len(piece)
+    if room[0] < 0:
+        raise _Full()
+
+
+def _repr_into(value: Any, out: List[str], room: List[int], seen: Set[int], depth: int) -> None:
+    kind = type(value)
+    if kind in (str, bytes, bytearray):
+        if len(value) > room[0]:
+            _emit(repr(value[: room[0] + 1]), out, room)
+        _emit(repr(value), out, room)
+        return
+    if kind not in (list, tuple, dict, set, frozenset) or depth > 64:
+        _emit(repr(value), out, room)
+        return
+    if id(value) in seen:  # a container that holds itself, as repr() shows it
+        _emit(_RECURSION.get(kind, "{...}"), out, room)
+        return
+    if not value:
+        _emit(repr(value), out, room)
+        return
+    if kind is tuple:
+        opening, closing = "(", ",)" if len(value) == 1 else ")"
+    else:
+        opening, closing = _BRACKETS[kind]
+    seen.add(id(value))
+    _emit(opening, out, room)
+    first = True
+    if kind is dict:
+        for key, item in value.items():
+            if not first:
+                _emit(", ", out, room)
+            first = False
+            _repr_into(key, out, room, seen, depth + 1)
+            _emit(": ", out, room)
+            _repr_into(item, out, room, seen, depth + 1)
+    else:
+        for item in value:
+            if not first:
+                _emit(", ", out, room)
+            first = False
+            _repr_into(item, out, room, seen, depth + 1)
+    seen.discard(id(value))
+    _emit(closing, out, room)
+
+
+def clip(text: str, limit: int) -> Tuple[str, bool]:
+    """Keep a traceback's head and (longer) tail within ``limit`` characters."""
+    if len(text) <= limit:
+        return text, False
+    head = limit // 4
+    tail = limit - head - 64
+    return "%s\n[... %d characters cut ...]\n%s" % (text[:head], len(text) - head - tail, text[-tail:]), True
+
+
+def child_main(rfd: int, wfd: int) -> None:
+    """Serve runs from the agent until the request pipe closes (in the child)."""
+    Interpreter(rfd, wfd).serve()
+
+
+class Interpreter(object):
+    """The persistent namespace and the loop that runs code in it (in the child)."""
+
+    def __init__(self, rfd: int, wfd: int) -> None:
+        import builtins
+        import faulthandler
+        import threading
+        import types
+
+        self.rfd = rfd
+        self.wfd = wfd
+        # pass_fds made them inheritable; os.system() children must not get them.
+        os.set_inheritable(rfd, False)
+        os.set_inheritable(wfd, False)
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.threading = threading
+        self.running = False
+        self.main_sending = False
+        self.pending = False
+        self.cells = 0
+        self.displays = 0
+        self.cut = False
+        # Figures displayed during this run (objects, not ids: an id is
+        # reused as soon as its object is gone), so none shows twice.
+        self.shown: List[Any] = []
+        self.loop: Any = None
+        main = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = builtins
+        main.__dict__["display"] = self.display
+        # Classes and functions defined in the session live in __main__, so
+        # pickle and multiprocessing find them as they would in a script.
+        sys.modules["__main__"] = main
+        self.ns = main.__dict__
+        sys.argv = [""]
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                # Whole lines as they are printed (one write each, so one
+                # chunk on the host), even under PYTHONUNBUFFERED; partial
+                # lines go out on flush() and at the end of every run.
+                stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+            except Exception:  # noqa: S110 - not a TextIOWrapper: leave it as it is
+                pass
+        signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            faulthandler.enable()  # a crash leaves its traceback on stderr
+        except Exception:  # noqa: S110 - stderr may be unusable; the exit status still tells
+            pass
+        sys.meta_path.insert(0, _PyplotHook(self))
+
+    # -- frames to the agent ----------------------------------------------------------
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if not self.running:
+            return  # between runs there is nothing to interrupt
+        if self.main_sending:
+            self.pending = True  # never tear a frame in half; raise once it is out
+            return
+        raise KeyboardInterrupt
+
+    def send(self, header: Dict[str, Any], body: bytes = b"") -> None:
+        if os.getpid() != self.pid:
+            return  # a fork of the session (os.fork, multiprocessing) never speaks for it
+        data = memoryview(wire.encode(header, body))
+        main = self.threading.current_thread() is self.threading.main_thread()
+        with self.lock:
+            if main:
+                self.main_sending = True
+            try:
+                while data:
+                    data = data[os.write(self.wfd, data) :]
+            finally:
+                if main:
+                    self.main_sending = False
+        if main and self.pending:
+            self.pending = False
+            if self.running:
+                raise KeyboardInterrupt
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        self.send({"t": "ready", "pid": self.pid, "python": "%d.%d.%d" % sys.version_info[:3]})
+        decoder = wire.Decoder(max_body_bytes=MAX_CODE_BYTES)
+        while True:
+            data = os.read(self.rfd, 1024 * 1024)
+            if not data:
+                os._exit(0)  # the agent is gone or closed the session
+            decoder.feed(data)
+            for header, body in decoder.frames():
+                if header.get("t") == "run":
+                    self.run_cell(body)
+
+    def run_cell(self, body: bytes) -> None:
+        self.cells += 1
+        self.displays = 0
+        self.cut = False
+        self.shown = []
+        filename = "<cell-%d>" % self.cells
+        try:
+            result, error, interrupted = self._execute(body.decode("utf-8", "surrogatepass"), filename)
+        except BaseException as exc:  # an interrupt that slipped in between our own statements
+            result, error, interrupted = None, "%s\n" % type(exc).__name__, isinstance(exc, KeyboardInterrupt)
+        self.running = False
+        self.pending = False
+        if os.getpid() != self.pid:
+            os._exit(0)  # a fork that ran off the end of the code: not the session
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: S110 - the code may have replaced or closed them
+                pass
+        if result is not None:
+            self.send({"t": "value", "name": "result"}, result.encode("utf-8", "backslashreplace"))
+        if error is not None:
+            self.send({"t": "value", "name": "error"}, error.encode("utf-8", "backslashreplace"))
+        self.send({"t": "ran", "truncated": self.cut, "interrupted": interrupted})
+
+    def _execute(self, text: str, filename: str) -> Tuple[Optional[str], Optional[str], bool]:
+        result: Optional[str] = None
+        error: Optional[str] = None
+        interrupted = False
+        self.running = True
+        try:
+            try:
+                value, has_value = self._cell(text, filename)
+                if has_value and value is not None:
+                    result, cut = bounded_repr(value)
+                    self.cut = self.cut or cut
+                    rich = self._rich(value)
+                    if rich is not None and not self._was_shown(value):
+                        self._emit(rich[0], rich[1])
+                        self.shown.append(value)
+            except BaseException as exc:
+                interrupted = isinstance(exc, KeyboardInterrupt)
+                error = self._format(exc)
+            # Figures drawn before an error still show, as in a notebook.
+            self.flush_figures()
+            self.shown = []
+        except BaseException as exc:  # the interrupt landed while reporting
+            interrupted = interrupted or isinstance(exc, KeyboardInterrupt)
+            if error is None:
+                error = self._format(exc)
+        self.running = False
+        return result, error, interrupted
+
+    def _cell(self, text: str, filename: str) -> Tuple[Any, bool]:
+        import ast
+        import linecache
+
+        # Tracebacks and inspect.getsource() find the code of every cell.
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+        flags = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
+        # dont_inherit: this module's own __future__ imports must not leak
+        # into the session's code.
+        tree = compile(text, filename, "exec", ast.PyCF_ONLY_AST | flags, dont_inherit=True)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        body = compile(tree, filename, "exec", flags, dont_inherit=True) if tree.body else None
+        tail = compile(last, filename, "eval", flags, dont_inherit=True) if last is not None else None
+        if body is not None:
+            self._eval(body)
+        if tail is None:
+            return None, False
+        return self._eval(tail), True
+
+    def _eval(self, code: Any) -> Any:
+        value = eval(code, self.ns)  # noqa: S307 - running the caller's code is the point
+        if code.co_flags & 0x80:  # CO_COROUTINE: top-level await
+            if self.loop is None:
+                import asyncio
+
+                self.loop = asyncio.new_event_loop()
+                asyncio.set_event_loop(self.loop)
+            value = self.loop.run_until_complete(value)
+        return value
+
+    def _format(self, exc: BaseException) -> str:
+        import traceback
+
+        tb = exc.__traceback__
+        # Start at the session's own code: the interpreter's frames (and
+        # asyncio's, for top-level await) are noise to the reader.
+        walk = tb
+        while walk is not None and not walk.tb_frame.f_code.co_filename.startswith("<cell-"):
+            walk = walk.tb_next
+        if walk is None:
+            while tb is not None and tb.tb_frame.f_code.co_filename.startswith(OWN_FILES):
+                tb = tb.tb_next
+        else:
+            tb = walk
+        try:
+            report = traceback.TracebackException(type(exc), exc, tb)
+            # The SIGINT handler's frame ends an interrupted run's stack.
+            report.stack = traceback.StackSummary.from_list(
+                [f for f in report.stack if not f.filename.startswith(OWN_FILES)]
+            )
+            text = "".join(report.format())
+        except BaseException:  # a broken __str__ on the exception
+            text = "%s (its message could not be formatted)\n" % type(exc).__name__
+        text, cut = clip(text, ERROR_LIMIT)
+        self.cut = self.cut or cut
+        return text
+
+    # -- display -------------------------------------------------------------------------
+
+    def display(self, *objs: Any, **_ignored: Any) -> None:
+        """Show objects as rich output (the richest MIME type each offers)."""
+        for obj in objs:
+            rich = self._rich(obj)
+            if rich is None:
+                rich = ("text/plain", bounded_repr(obj)[0].encode("utf-8", "backslashreplace"))
+            self._emit(rich[0], rich[1])
+            self.shown.append(obj)
+
+    def _was_shown(self, obj: Any) -> bool:
+        return any(seen is obj for seen in self.shown)
+
+    def _emit(self, mime: str, data: bytes) -> None:
+        if self.displays >= MAX_DISPLAY_ITEMS or len(data) > DISPLAY_ITEM_LIMIT:
+            self.cut = True
+            return
+        self.displays += 1
+        self.send({"t": "display", "mime": mime}, data)
+
+    def _rich(self, obj: Any) -> Optional[Tuple[str, bytes]]:
+        if isinstance(obj, type):
+            return None  # a class has the methods but cannot call them
+        png = self._figure_png(obj)
+        if png is not None:
+            return "image/png", png
+        try:
+            if hasattr(obj, "_agentnest_no_such_attribute_"):
+                return None  # it claims every attribute (a mock, a proxy): trust none
+            bundle = getattr(obj, "_repr_mimebundle_", None)
+        except Exception:
+            return None
+        if callable(bundle):
+            try:
+                got = bundle()
+                if isinstance(got, tuple):
+                    got = got[0]
+                if isinstance(got, dict):
+                    for _, mime in RICH_METHODS:
+                        if got.get(mime) is not None:
+                            data = _payload(mime, got[mime])
+                            if data is not None:
+                                return mime, data
+            except Exception as exc:
+                self._warn(obj, "_repr_mimebundle_", exc)
+        for method, mime in RICH_METHODS:
+            try:
+                fn = getattr(obj, method, None)
+                if not callable(fn):
+                    continue
+                got = fn()
+            except Exception as exc:
+                self._warn(obj, method, exc)
+                continue
+            if isinstance(got, tuple) and len(got) == 2:
+                got = got[0]  # (data, metadata)
+            if got is None:
+                continue
+            data = _payload(mime, got)
+            if data is not None:
+                return mime, data
+        return None
+
+    def _warn(self, obj: Any, method: str, exc: Exception) -> None:
+        try:
+            sys.stderr.write(
+                "display: %s.%s() raised %s: %s\n" % (type(obj).__name__, method, type(exc).__name__, exc)
+            )
+        except Exception:  # noqa: S110 - nowhere left to say it
+            pass
+
+    def _figure_png(self, obj: Any) -> Optional[bytes]:
+        figure = sys.modules.get("matplotlib.figure")
+        cls = getattr(figure, "Figure", None)
+        if not isinstance(cls, type) or not isinstance(obj, cls):
+            return None
+        import io
+
+        buf = io.BytesIO()
+        fig: Any = obj
+        fig.savefig(buf, format="png", bbox_inches="tight")
+        return buf.getvalue()
+
+    def flush_figures(self, *_args: Any, **_kwargs: Any) -> None:
+        """Show every open pyplot figure, then close them (a notebook's inline backend)."""
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return
+        try:
+            nums = list(plt.get_fignums())
+        except Exception:
+            return
+        try:
+            for num in nums:
+                fig = plt.figure(num)
+                if self._was_shown(fig):
+                    continue
+                png = self._figure_png(fig)
+                if png is not None:
+                    self._emit("image/png", png)
+        finally:
+            plt.close("all")
+
+
+def _payload(mime: str, data: Any) -> Optional[bytes]:
+    """The bytes of one representation, or None if it is not usable."""
+    if mime in BINARY_MIMES:
+        if isinstance(data, (bytes, bytearray)):
+            return bytes(data)
+        if isinstance(data, str):  # some libraries hand out base64 text
+            import base64
+            import binascii
+
+            try:
+                return base64.b64decode(data.encode("ascii"), validate=True)
+            except (ValueError, binascii.Error):
+                return None
+        return None
+    if mime == "application/json" and not isinstance(data, (str, bytes)):
+        try:
+            return json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except (TypeError, ValueError):
+            return None
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, str):
+        return data.encode("utf-8", "backslashreplace")
+    return None
+
+
+class _PyplotHook(object):
+    """Import hook: ``matplotlib.pyplot.show()`` shows and closes the open figures.
+
+    With the Agg backend ``plt.show()`` would only warn; in a notebook it
+    displays the figures right away, which matters for code that draws,
+    shows, and draws again.  The hook wraps the loader of ``matplotlib.pyplot``
+    once, so no matplotlib internals are touched.
+    """
+
+    def __init__(self, interp: Interpreter) -> None:
+        self.interp = interp
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "matplotlib.pyplot":
+            return None
+        try:
+            sys.meta_path.remove(self)  # one shot
+        except ValueError:
+            pass
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        original = getattr(loader, "exec_module", None)
+        if original is None:
+            return spec
+        interp = self.interp
+
+        # A plain function: pyplot sets attributes (__signature__) on it.
+        def show(*args: Any, **kwargs: Any) -> None:
+            interp.flush_figures()
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            module.show = show
+
+        try:
+            loader.exec_module = exec_module
+        except AttributeError:  # a loader with slots: keep the plain behaviour
+            pass
+        return spec

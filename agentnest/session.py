@@ -1,0 +1,526 @@
+"""Persistent Python sessions: ``Sandbox.python_session()``.
+
+A session is one Python interpreter process in the sandbox, started and
+driven by the in-sandbox agent (:mod:`agentnest.agent.interpreter`); nothing
+is written to the workspace.  Variables, imports and open handles live
+across :meth:`PythonSession.run` calls, and the value of a trailing
+expression comes back as ``result``, as in a notebook.
+
+Everything a session sends back passes the sandbox's guard: output is
+bounded by ``max_output_bytes`` and every secret is redacted from text
+(stdout, stderr, result, error, textual display items).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from .agent.interpreter import INTERRUPT_GRACE, MAX_CODE_BYTES
+from .channel.client import Channel, SessionRunHandle
+from .channel.protocol import BINARY_MIMES, RawDisplay, RawSessionRun, RawValue, SessionInfo
+from .config import ExecutionChunk
+from .errors import (
+    ChannelError,
+    ConfigurationError,
+    ExecutionError,
+    ExecutionTimeoutError,
+    SandboxDestroyedError,
+    SessionLostError,
+    UnsupportedCapabilityError,
+)
+from .events import EventType
+
+if TYPE_CHECKING:
+    from .sandbox import Sandbox
+
+__all__ = ["DisplayItem", "PythonSession", "SessionResult", "SessionStream"]
+
+#: How long opening, resetting or closing a session may take.
+_OPEN_WAIT = 60.0
+_CLOSE_WAIT = 10.0
+#: Extra time the host waits past a run's timeout (and the interrupt grace)
+#: for the agent to report, before it declares the agent hung.
+_BACKSTOP_GRACE = 10.0
+#: Characters of code recorded in an audit event.
+_EVENT_CODE = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class DisplayItem:
+    """One rich output of a session run, as a notebook shows it.
+
+    ``data`` is text for textual types (``text/html``, ``text/markdown``,
+    ``image/svg+xml``, ``application/json``, ``text/latex``, ``text/plain``;
+    secrets redacted) and base64 for binary ones (``image/png``,
+    ``image/jpeg``), as in a Jupyter notebook file.  :meth:`raw` gives bytes.
+
+    .. versionadded:: 0.4.0
+    """
+
+    mime: str
+    data: str
+
+    @property
+    def binary(self) -> bool:
+        """True for images (``data`` is base64)."""
+        return self.mime in BINARY_MIMES
+
+    def raw(self) -> bytes:
+        """The item's bytes: base64-decoded for images, UTF-8 for text."""
+        return base64.b64decode(self.data) if self.binary else self.data.encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionResult:
+    """The outcome of one :meth:`PythonSession.run`.
+
+    Text fields are decoded as UTF-8 and have every secret redacted.
+
+    .. versionadded:: 0.4.0
+    """
+
+    stdout: str
+    """What the code (and processes it started) wrote to stdout."""
+    stderr: str
+    """What it wrote to stderr."""
+    result: str | None = None
+    """``repr()`` of the trailing expression's value, e.g. ``"42"``; None when
+    the code does not end in an expression or its value is None.  At most
+    64 Ki characters (longer reprs are cut and ``truncated`` is set)."""
+    error: str | None = None
+    """The formatted traceback if the code raised (a ``SyntaxError`` too)."""
+    display: tuple[DisplayItem, ...] = ()
+    """Rich outputs: ``display(obj)`` calls, a trailing value with a
+    ``_repr_*_`` method, matplotlib figures left open."""
+    duration: float = 0.0
+    """Seconds the run took inside the sandbox."""
+    timed_out: bool = False
+    """The run passed its timeout and was interrupted (KeyboardInterrupt)."""
+    truncated: bool = False
+    """Output, result, traceback or display items were cut at their limits."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the code raised nothing and finished within its timeout."""
+        return self.error is None and not self.timed_out
+
+    @property
+    def output(self) -> str:
+        """stdout followed by stderr."""
+        return self.stdout + self.stderr
+
+    def check(self) -> SessionResult:
+        """Return self if ``ok``; raise :class:`ExecutionError` otherwise.
+
+        Raises:
+            ExecutionTimeoutError: the run timed out.
+            ExecutionError: the code raised; the message is the exception line.
+        """
+        if self.timed_out:
+            raise ExecutionTimeoutError(f"session code timed out after {self.duration:.1f}s", self)
+        if self.error is not None:
+            lines = self.error.strip().splitlines() or [""]
+            raise ExecutionError(f"session code raised {lines[-1][:500]}", self)
+        return self
+
+
+class PythonSession:
+    """A persistent Python interpreter in a sandbox.  Use :meth:`Sandbox.python_session`.
+
+    Example::
+
+        with sandbox.python_session() as session:
+            session.run("import json; x = 41")
+            print(session.run("x + 1").check().result)   # "42"
+
+    A run's ``timeout`` interrupts the code with ``KeyboardInterrupt`` and
+    keeps the session: what it defined before stays.  Code that ignores the
+    interrupt for :data:`~agentnest.agent.interpreter.INTERRUPT_GRACE`
+    seconds is killed with its interpreter, and the session is lost.
+
+    A session runs one piece of code at a time; several sessions per sandbox
+    are independent interpreters.  Its interpreter dies with the in-sandbox
+    agent or the sandbox.  A session that lost its interpreter raises
+    :class:`SessionLostError` on every run until :meth:`reset`.
+
+    .. versionadded:: 0.4.0
+    """
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+        self._guard = sandbox._guard
+        self._id = uuid.uuid4().hex[:12]
+        self._busy = threading.Lock()
+        self._closed = False
+        self._lost: str | None = None
+        self._inflight: SessionRunHandle | None = None
+        self._current: SessionRunHandle | None = None
+        self._channel: Channel | None = None
+        self._info: SessionInfo | None = None
+        self._open(reset=False)
+
+    # -- properties ------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """This session's id (stable across :meth:`reset`; used in events)."""
+        return self._id
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pid(self) -> int | None:
+        """The interpreter's process id inside the sandbox (None once lost or closed)."""
+        if self._closed or self._lost is not None or self._info is None:
+            return None
+        return self._info.pid
+
+    # -- running code ----------------------------------------------------------
+
+    def run(self, code: str, *, timeout: float | None = None) -> SessionResult:
+        """Run ``code`` in the session and wait for it.
+
+        Args:
+            code: Python source.  If its last statement is an expression,
+                ``repr()`` of its value comes back as ``result``.
+                Top-level ``await`` works.
+            timeout: seconds before the code is interrupted
+                (``KeyboardInterrupt``); ``None`` bounds it only by the
+                sandbox's lifetime.
+
+        Returns:
+            The :class:`SessionResult`; an exception in the code is not an
+            error here (``error`` holds its traceback; ``check()`` raises).
+
+        Raises:
+            ExecutionTimeoutError: the code ran past ``timeout`` and was
+                interrupted; ``.result`` has the partial output.  The
+                session and its variables survive.
+            SessionLostError: the interpreter died (now or earlier), or did
+                not stop after the interrupt and was killed.
+            PolicyDeniedError: the approval hook refused (kind ``session.run``).
+        """
+        stream = self.stream(code, timeout=timeout)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def stream(self, code: str, *, timeout: float | None = None) -> SessionStream:
+        """Run ``code`` and iterate over its output as it arrives.
+
+        Returns a :class:`SessionStream`: iterate it for
+        :class:`ExecutionChunk` items; ``.result`` holds the
+        :class:`SessionResult` afterwards.  The code starts when the
+        iteration does.  Leaving the iteration early interrupts the code
+        (the session stays).  Raises as :meth:`run` does.
+        """
+        if not isinstance(code, str):
+            raise ConfigurationError(f"code must be str, not {type(code).__name__}")
+        data = code.encode("utf-8", "surrogatepass")
+        if len(data) > MAX_CODE_BYTES:
+            raise ConfigurationError(
+                f"code of {len(data)} bytes is over the limit of {MAX_CODE_BYTES}; "
+                "write it to a file with write_file and exec(open(...).read()) it"
+            )
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise ConfigurationError(f"timeout={timeout!r} must be a positive number of seconds or None")
+        return SessionStream(self, code, data, float(timeout) if timeout is not None else None)
+
+    def interrupt(self) -> None:
+        """Interrupt the code running now (``KeyboardInterrupt``), e.g. from another thread.
+
+        The session keeps its state; the run returns with the traceback in
+        ``error``.  Code that ignores the interrupt for
+        :data:`~agentnest.agent.interpreter.INTERRUPT_GRACE` seconds is
+        killed, and the session is lost.  Does nothing when no code runs.
+        """
+        handle = self._current
+        if handle is not None:
+            handle.interrupt()
+
+    def reset(self) -> None:
+        """Start a fresh interpreter: every variable and import is gone.
+
+        This also recovers a session that lost its interpreter.
+        """
+        if self._closed:
+            raise SessionLostError(f"session {self._id} is closed; open a new one with python_session()")
+        if not self._busy.acquire(blocking=False):
+            raise ConfigurationError(f"session {self._id} is running code; reset it when the run has ended")
+        try:
+            if self._inflight is not None:
+                self._inflight.abandon()  # the reset ends that run in the sandbox
+                self._inflight = None
+            try:
+                self._open(reset=True)
+            except SessionLostError as exc:
+                self._lost = str(exc)  # the old interpreter is gone either way
+                raise
+            self._lost = None
+        finally:
+            self._busy.release()
+        self._guard.emit(EventType.SESSION_RESET, {"session": self._id})
+
+    def close(self) -> None:
+        """End the interpreter (and what it started).  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        ch = self._channel
+        if ch is not None and ch.alive and self._info is not None:
+            try:
+                ch.session_call(
+                    {"t": "session.close", "session": self._info.session}, time.monotonic() + _CLOSE_WAIT
+                )
+            except (ChannelError, SessionLostError):
+                pass  # gone already: nothing left to close
+        self._guard.emit(EventType.SESSION_CLOSED, {"session": self._id})
+
+    def __enter__(self) -> PythonSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "lost" if self._lost is not None else "open"
+        return f"<PythonSession {self._id} of sandbox {self._sandbox.id} {state}>"
+
+    # -- internals -------------------------------------------------------------
+
+    def _open(self, *, reset: bool) -> None:
+        sandbox = self._sandbox
+        ch = sandbox._ch()
+        if ch.hello is None or "session" not in ch.hello.capabilities:
+            raise UnsupportedCapabilityError("this sandbox's agent does not offer Python sessions")
+        deadline = time.monotonic() + _OPEN_WAIT
+        # Restart in place when the same agent still knows the session;
+        # after an agent restart, start a new one on the new agent.
+        same = reset and ch is self._channel and self._info is not None
+        try:
+            info = ch.open_session(deadline, reset=self._info.session if same and self._info else None)
+        except ChannelError as exc:
+            raise sandbox._lost(exc) from None
+        self._channel = ch
+        self._info = info
+        self._guard.emit(
+            EventType.SESSION_OPENED, {"session": self._id, "pid": info.pid, "python": info.python}
+        )
+
+    def _begin(self, code: str, data: bytes, timeout: float | None) -> SessionRunHandle:
+        """Approve and send a run; the caller holds ``_busy`` until it ends."""
+        if self._closed:
+            raise SessionLostError(f"session {self._id} is closed; open a new one with python_session()")
+        if self._lost is not None:
+            raise SessionLostError(
+                f"session {self._id} lost its interpreter earlier ({self._lost}); "
+                "its variables are gone, call reset() to start a fresh one"
+            )
+        ch = self._sandbox._ch()
+        if ch is not self._channel:
+            raise self._mark_lost(
+                "the in-sandbox agent was restarted and the session's interpreter ended with it"
+            )
+        self._guard.approve("session.run", {"session": self._id, "code": self._guard.redact(code)})
+        self._settle(ch)
+        assert self._info is not None
+        try:
+            self._current = ch.start_session_run(
+                self._info.session, data, timeout=timeout, max_output=self._guard.policy.max_output_bytes
+            )
+        except ChannelError as exc:
+            raise self._channel_lost(exc) from None
+        return self._current
+
+    def _settle(self, ch: Channel) -> None:
+        """Wait for an interrupted, abandoned run to end before the next one."""
+        handle, self._inflight = self._inflight, None
+        if handle is None or handle.result is not None:
+            return
+        deadline = time.monotonic() + INTERRUPT_GRACE + _BACKSTOP_GRACE
+        raw: RawSessionRun | None = None
+        try:
+            while raw is None:
+                event = handle.next_event(deadline)
+                if isinstance(event, RawSessionRun):
+                    raw = event
+        except ChannelError as exc:
+            raise self._channel_lost(exc) from None
+        except SessionLostError as exc:
+            raise self._mark_lost(str(exc)) from None
+        if raw.lost:
+            raise self._mark_lost(raw.reason)
+
+    def _deadline(self, timeout: float | None) -> float:
+        if timeout is None:
+            return self._sandbox._wait_deadline(None)
+        return self._sandbox._wait_deadline(timeout + INTERRUPT_GRACE)
+
+    def _mark_lost(self, reason: str, result: SessionResult | None = None) -> SessionLostError:
+        first = self._lost is None
+        self._lost = reason or "the interpreter is gone"
+        if first:
+            self._guard.emit(EventType.SESSION_LOST, {"session": self._id, "reason": self._lost})
+        return SessionLostError(
+            f"session {self._id} lost its interpreter: {self._lost}. Its variables are gone; "
+            "call reset() to start a fresh one (the sandbox is intact)",
+            result,
+        )
+
+    def _channel_lost(self, exc: ChannelError) -> Exception:
+        gone = self._sandbox._lost(exc)
+        if isinstance(gone, SandboxDestroyedError):
+            self._lost = str(gone)
+            return gone
+        return self._mark_lost(f"the in-sandbox agent was lost ({exc})")
+
+    def _abandon(self, handle: SessionRunHandle) -> None:
+        """The caller stopped listening mid-run: interrupt it; the next call settles it."""
+        if handle.result is None and self._lost is None:
+            handle.interrupt()
+            self._inflight = handle
+
+    def _display_item(self, raw: RawDisplay) -> DisplayItem:
+        if raw.mime in BINARY_MIMES:
+            return DisplayItem(raw.mime, base64.b64encode(raw.data).decode("ascii"))
+        return DisplayItem(raw.mime, self._guard.redact(raw.data.decode("utf-8", "replace")))
+
+
+class SessionStream:
+    """Output of code running in a session, chunk by chunk.  Iterate it once.
+
+    .. versionadded:: 0.4.0
+    """
+
+    def __init__(self, session: PythonSession, code: str, data: bytes, timeout: float | None) -> None:
+        self._session = session
+        self._code = code
+        self._data = data
+        self._timeout = timeout
+        # A weak reference: the generator's frame holds this object, and a
+        # cycle would keep an abandoned run's lock until the garbage collector
+        # ran, instead of releasing it (and interrupting the code) at once.
+        self._iterator: weakref.ref[Generator[ExecutionChunk, None, None]] | None = None
+        self.result: SessionResult | None = None
+
+    def __iter__(self) -> Iterator[ExecutionChunk]:
+        if self._iterator is not None:
+            raise ConfigurationError("a session stream can be iterated only once")
+        iterator = self._iterate()
+        self._iterator = weakref.ref(iterator)
+        return iterator
+
+    def _iterate(self) -> Generator[ExecutionChunk, None, None]:
+        session = self._session
+        if not session._busy.acquire(blocking=False):
+            raise ConfigurationError(
+                f"session {session.id} is already running code; a session runs one piece of code at a "
+                "time (wait for the other run, or open another session)"
+            )
+        try:
+            yield from self._run(session)
+        finally:
+            session._current = None
+            session._busy.release()
+
+    def _run(self, session: PythonSession) -> Iterator[ExecutionChunk]:
+        guard = session._guard
+        handle = session._begin(self._code, self._data, self._timeout)
+        deadline = session._deadline(self._timeout)
+        decoder = guard.stream_decoder()
+        out: list[bytes] = []
+        err: list[bytes] = []
+        display: list[DisplayItem] = []
+        values: dict[str, str] = {}
+        finished = False
+        try:
+            while handle.result is None:
+                try:
+                    event = handle.next_event(deadline)
+                except ChannelError as exc:
+                    finished = True
+                    raise session._channel_lost(exc) from None
+                except SessionLostError as exc:
+                    finished = True
+                    raise session._mark_lost(str(exc)) from None
+                if isinstance(event, tuple):
+                    fd, data = event
+                    (out if fd == 1 else err).append(data)
+                    chunk = decoder.feed(fd, data)
+                    if chunk is not None:
+                        yield chunk
+                elif isinstance(event, RawDisplay):
+                    display.append(session._display_item(event))
+                elif isinstance(event, RawValue):
+                    values[event.name] = guard.redact(event.text)
+            finished = True
+        finally:
+            if not finished:  # the caller left early, or an error on this side
+                session._abandon(handle)
+        yield from decoder.flush()
+        raw = handle.result
+        assert raw is not None
+        result = SessionResult(
+            stdout=guard.redact(b"".join(out).decode("utf-8", "replace")),
+            stderr=guard.redact(b"".join(err).decode("utf-8", "replace")),
+            result=values.get("result"),
+            error=values.get("error"),
+            display=tuple(display),
+            duration=raw.duration,
+            timed_out=raw.timed_out,
+            truncated=handle.truncated or raw.truncated,
+        )
+        self.result = result
+        if raw.lost:
+            raise session._mark_lost(raw.reason, result)
+        guard.emit(
+            EventType.SESSION_TIMED_OUT if raw.timed_out else EventType.SESSION_RAN,
+            {
+                "session": session.id,
+                "code": self._code[:_EVENT_CODE],
+                "ok": result.ok,
+                "duration": raw.duration,
+                "truncated": result.truncated,
+                "display": len(display),
+            },
+        )
+        if raw.timed_out:
+            raise ExecutionTimeoutError(
+                f"session code timed out after {self._timeout}s and was interrupted with "
+                "KeyboardInterrupt; the session and its variables are intact",
+                result,
+            )
+
+    def close(self) -> None:
+        """Stop listening; code still running is interrupted (the session stays)."""
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is not None:
+            iterator.close()
+
+    def __enter__(self) -> SessionStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
