@@ -283,6 +283,9 @@ class PythonSession:
         if self._closed:
             return
         self._closed = True
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.abandon()  # closing ends that run in the sandbox
         ch = self._channel
         if ch is not None and ch.alive and self._info is not None:
             try:
