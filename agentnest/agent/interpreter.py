@@ -365,7 +365,7 @@ class Sessions(object):
     def _start(self, sid: int, rid: int) -> None:
         try:
             s = self._spawn(sid)
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             self.error(rid, "spawn", "could not start the Python interpreter %s: %s" % (sys.executable, exc))
             return
         s.waiting = rid
