@@ -1,7 +1,15 @@
 """AgentNest: disposable, policy-controlled sandboxes for AI agents."""
 
 from ._version import __version__
-from .config import ExecutionChunk, ExecutionResult, FileInfo, ResourceLimits, SandboxConfig
+from .config import (
+    Artifact,
+    ExecutionChunk,
+    ExecutionResult,
+    FileInfo,
+    ResourceLimits,
+    SandboxConfig,
+    SnapshotMetadata,
+)
 from .errors import (
     AgentNestError,
     BackendError,
@@ -17,6 +25,7 @@ from .errors import (
     RuntimeNotAvailableError,
     SandboxDestroyedError,
     SessionLostError,
+    SnapshotError,
     UnsupportedCapabilityError,
 )
 from .events import EventType, MemoryObserver, SandboxEvent
@@ -30,6 +39,7 @@ from .templates import Template
 __all__ = [
     "AgentNestError",
     "ApprovalRequest",
+    "Artifact",
     "BackendError",
     "ChannelError",
     "ConfigurationError",
@@ -61,6 +71,8 @@ __all__ = [
     "SessionLostError",
     "SessionResult",
     "SessionStream",
+    "SnapshotError",
+    "SnapshotMetadata",
     "Template",
     "UnsupportedCapabilityError",
     "__version__",

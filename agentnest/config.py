@@ -12,6 +12,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
@@ -282,3 +283,60 @@ class FileInfo:
     @property
     def is_dir(self) -> bool:
         return self.type == "dir"
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A regular file of the workspace, as :meth:`Sandbox.artifacts` reports it.
+
+    .. versionadded:: 0.4.0
+    """
+
+    path: str
+    """Workspace-relative path (``output/report.csv``)."""
+    size: int
+    """Size in bytes."""
+    sha256: str
+    """SHA-256 of the content, lowercase hex, computed inside the sandbox."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMetadata:
+    """A workspace snapshot file, as :meth:`Sandbox.snapshot` wrote it (or ``restore`` read it).
+
+    The first four fields keep their 0.3.0 meaning and order.
+
+    .. versionchanged:: 0.4.0
+       Added ``image``, ``files`` and the fields after them; ``created``
+       (``created_at`` stays as an alias).
+    """
+
+    path: Path
+    """The snapshot file on the host."""
+    size: int
+    """Size of the snapshot file in bytes."""
+    sha256: str
+    """SHA-256 of the snapshot file as stored (``sha256sum`` agrees)."""
+    created: float
+    """When the snapshot was taken (epoch seconds)."""
+    image: str = ""
+    """Image of the sandbox it was taken from (empty for a tar without AgentNest metadata)."""
+    files: int = 0
+    """Number of regular files."""
+    entries: int = 0
+    """Number of archive members: files, directories and symlinks."""
+    workspace_size: int = 0
+    """Total size of the regular files in bytes (holes of sparse files included)."""
+    payload_sha256: str = ""
+    """SHA-256 of the payload (every tar byte before the metadata member), as recorded in it."""
+    sandbox_id: str = ""
+    """Id of the sandbox it was taken from."""
+    compressed: bool = False
+    """Whether the file is gzip-compressed."""
+    skipped: tuple[str, ...] = ()
+    """Workspace entries that cannot be archived (sockets, FIFOs, devices) and were left out."""
+
+    @property
+    def created_at(self) -> float:
+        """0.3.0 name of :attr:`created`."""
+        return self.created

@@ -15,6 +15,7 @@ Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
      ├── ExecutionError              a command failed; ``.result`` holds its output
      │    └── ExecutionTimeoutError  (also TimeoutError) it ran past its timeout
      ├── FileAccessError             a file operation was refused or failed
+     ├── SnapshotError               a snapshot or fork stream was refused (``.member``, ``.rule``)
      ├── PoolExhaustedError          no pooled sandbox became free in time
      └── SessionLostError            a Python session's interpreter is gone (state lost)
 
@@ -113,6 +114,25 @@ class FileAccessError(AgentNestError):
         self.code = code
 
 
+class SnapshotError(AgentNestError):
+    """A snapshot, restore, fork or download stream was refused or is broken.
+
+    ``member`` names the archive member at fault (``None`` when the whole
+    stream is: truncated, corrupt, wrong checksum); ``rule`` is a stable
+    code for the rule it broke (``absolute``, ``dotdot``, ``symlink``,
+    ``hardlink``, ``device``, ``fifo``, ``size``, ``entries``, ``truncated``,
+    ``corrupt``, ``checksum``...; docs/state.md lists them).  The target
+    sandbox is left as it was.
+
+    .. versionadded:: 0.4.0
+    """
+
+    def __init__(self, message: str, member: str | None = None, rule: str = "corrupt") -> None:
+        super().__init__(message)
+        self.member = member
+        self.rule = rule
+
+
 class PoolExhaustedError(AgentNestError):
     """No sandbox in the pool became free before the wait timed out."""
 
@@ -150,5 +170,6 @@ __all__ = [
     "RuntimeNotAvailableError",
     "SandboxDestroyedError",
     "SessionLostError",
+    "SnapshotError",
     "UnsupportedCapabilityError",
 ]

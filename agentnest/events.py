@@ -31,6 +31,9 @@ class EventType(str, enum.Enum):
     SESSION_CLOSED = "session.closed"
     APPROVAL_GRANTED = "approval.granted"
     POLICY_DENIED = "policy.denied"
+    SNAPSHOT_CREATED = "snapshot.created"
+    SNAPSHOT_RESTORED = "snapshot.restored"
+    SANDBOX_FORKED = "sandbox.forked"
 
 
 @dataclass(frozen=True, slots=True)

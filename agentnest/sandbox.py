@@ -11,9 +11,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from . import state as _state
 from .channel.client import Channel, ExecHandle
 from .channel.protocol import RawExit
-from .config import ExecutionChunk, ExecutionResult, FileInfo, ResourceLimits, SandboxConfig
+from .config import (
+    Artifact,
+    ExecutionChunk,
+    ExecutionResult,
+    FileInfo,
+    ResourceLimits,
+    SandboxConfig,
+    SnapshotMetadata,
+)
 from .errors import (
     ChannelError,
     ConfigurationError,
@@ -542,6 +551,119 @@ class Sandbox:
             return dict(self._ch().request(header, self._file_deadline()))
         except ChannelError as exc:
             raise self._lost(exc) from None
+
+    # -- state: fork, snapshot, restore, artifacts (logic in state.py) ----------
+
+    def fork(self, *, timeout: float | None = None) -> Sandbox:
+        """Branch this sandbox into an independent copy of its workspace.
+
+        The child has the same image, limits, environment, policy, observers,
+        approval hook and backend, but its own id, labels and deadline
+        (``timeout`` seconds from now; the parent's lifetime by default).
+        The workspace is streamed from the parent's tar writer straight into
+        the child's extractor through the host (no temporary file); sparse
+        files stay sparse.  Afterwards neither sees the other's writes.
+
+        Running processes and Python sessions are not copied: a session in
+        the child starts empty.  Only the workspace is copied, not ``/tmp``
+        or changes to a writable root filesystem.  docs/state.md explains why.
+
+        Raises:
+            SandboxDestroyedError: this sandbox was destroyed.
+            UnsupportedCapabilityError: the backend cannot fork.
+            PolicyDeniedError: the approval hook refused ``fork``.
+            SnapshotError: the workspace holds what cannot be copied safely
+                (e.g. a symlink pointing outside it); ``.member`` names it.
+
+        .. versionadded:: 0.4.0
+        """
+        return _state.fork(self, timeout=timeout)
+
+    def snapshot(self, path: str | os.PathLike[str], *, compress: bool = False) -> SnapshotMetadata:
+        """Save the workspace to ``path`` on the host as a tar with metadata.
+
+        The file is a POSIX tar (gzip with ``compress=True``) of the
+        workspace below ``workspace/``, ending with an
+        ``agentnest-snapshot.json`` member (image, time, counts and the
+        payload's SHA-256); sparse files stay sparse.  It is written to a
+        temporary file next to ``path`` and renamed into place.  The returned
+        :class:`SnapshotMetadata` has the file's ``size`` and ``sha256`` (as
+        in 0.3.0) and what the metadata member records.  docs/state.md has
+        the format.
+
+        Raises:
+            SnapshotError: the workspace holds what a snapshot refuses.
+            UnsupportedCapabilityError: the backend cannot snapshot.
+            PolicyDeniedError: the approval hook refused ``snapshot``.
+
+        .. versionadded:: 0.4.0
+        """
+        return _state.snapshot(self, path, compress=compress)
+
+    def restore(self, path: str | os.PathLike[str]) -> SnapshotMetadata:
+        """Replace the workspace's contents with a snapshot's.
+
+        Every member is checked on the host and again in the sandbox (no
+        absolute paths, no ``..``, no links out, no devices, bounded size
+        and entry count), and so are the checksum and the end of the file.
+        The new files are staged inside the workspace and swapped in only
+        when all of it checked out: after an error the old files are intact.
+        The workspace must have room for both while it stages.
+
+        Raises:
+            SnapshotError: the file breaks a rule, is corrupt or truncated;
+                ``.member`` and ``.rule`` say where and which.
+
+        .. versionadded:: 0.4.0
+        """
+        return _state.restore(self, path)
+
+    @classmethod
+    def from_snapshot(
+        cls, path: str | os.PathLike[str], *, image: str | None = None, **sandbox_kwargs: Any
+    ) -> Sandbox:
+        """Create a sandbox from a snapshot file and restore it.
+
+        The image is the one recorded in the snapshot unless ``image`` is
+        given; ``sandbox_kwargs`` go to :class:`Sandbox` (the security
+        policy still decides whether that image is allowed).  The file is
+        validated completely before anything is created.
+
+        .. versionadded:: 0.4.0
+        """
+        return _state.from_snapshot(cls, path, image, sandbox_kwargs)
+
+    def artifacts(self, pattern: str = "**/*") -> tuple[Artifact, ...]:
+        """An :class:`Artifact` (path, size, sha256) per matching regular file, sorted by path.
+
+        ``pattern`` is a glob relative to the workspace (or absolute below
+        it): ``*`` and ``?`` stay within a path component, ``**`` spans any
+        number of them; dotfiles match too.  Symlinks are never followed or
+        listed.  Files are hashed inside the sandbox.  A tuple, as in 0.3.0.
+
+        Raises:
+            ConfigurationError: the pattern is empty or leaves the workspace.
+
+        .. versionchanged:: 0.4.0
+           Hashed by a streaming program in the sandbox; ``**`` also matches files.
+        """
+        return _state.artifacts(self, pattern)
+
+    def download(self, path: str, dest: str | os.PathLike[str]) -> Path:
+        """Copy a workspace file, or a directory tree, into the host directory ``dest``.
+
+        The copy keeps the last component of ``path`` (``output`` lands in
+        ``dest/output``; the workspace root's contents land in ``dest``).
+        Nothing is written outside ``dest`` or through a link in it; links
+        in the sandbox are refused, not copied.  Returns the copy's path.
+
+        Raises:
+            FileAccessError: the path is missing, holds a link, or the
+                destination has a link or a file in the way.
+
+        .. versionadded:: 0.4.0
+        """
+        return _state.download(self, path, dest)
 
     # -- lifecycle ---------------------------------------------------------------
 

@@ -885,6 +885,210 @@ def bench_session(backend: str, plan: Plan) -> Result:
     return Result(backend, "S", "session call", ours, ref, Target("p50_le", 1.0), notes=notes)
 
 
+# -- fork, snapshot and restore (issue 3) ------------------------------------------------
+
+#: Workspace sizes for fork (MB = 10^6 bytes, random so nothing compresses) and snapshot.
+FORK_SIZES = (1 * MB, 100 * MB)
+SNAP_SIZE = 100 * MB
+#: As a sandbox mounts it: owned by the image user (Docker copies the image directory's mode up).
+FLOOR_TMPFS = {"/workspace": "rw,nosuid,nodev,size=256m,uid=65532,gid=65532,mode=0755"}
+
+
+def _fill(sandbox: Sandbox, size: int) -> str:
+    """Random data in the workspace; return its sha256 (checked in copies, never timed)."""
+    out = sandbox.exec_shell(
+        f"head -c {size} /dev/urandom > data.bin && sha256sum data.bin", timeout=120
+    ).check()
+    return out.stdout.split()[0]
+
+
+def _floor_exec_out(api: docker.APIClient, cid: str, argv: list[str]) -> Iterator[bytes]:
+    """Stream a command's stdout from a floor container (the engine's exec stream)."""
+    eid = api.exec_create(cid, argv, stdout=True, stderr=False)["Id"]
+    yield from api.exec_start(eid, stream=True)
+    code = api.exec_inspect(eid)["ExitCode"]
+    if code != 0:
+        raise RuntimeError(f"floor exec {argv[:3]} exited {code}")
+
+
+def _floor_exec_in(api: docker.APIClient, cid: str, argv: list[str], chunks: Iterator[bytes]) -> None:
+    """Feed ``chunks`` to a command's stdin in a floor container and wait for it."""
+    import socket
+    from typing import cast
+
+    eid = api.exec_create(cid, argv, stdin=True, stdout=True, stderr=True)["Id"]
+    wrapper = api.exec_start(eid, socket=True)
+    sock = cast(socket.socket, getattr(wrapper, "_sock", wrapper))  # the socket under the wrapper
+    try:
+        for chunk in chunks:
+            sock.sendall(chunk)
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(65536):
+            pass
+    finally:
+        sock.close()
+    code = api.exec_inspect(eid)["ExitCode"]
+    if code != 0:
+        raise RuntimeError(f"floor exec {argv[:3]} exited {code}")
+
+
+def _floor_filled(floor: Floor, reaper: Reaper, size: int) -> Container:
+    container = floor.run(["sleep", "infinity"], tmpfs=FLOOR_TMPFS)
+    reaper.add(lambda: remove_quietly(container))
+    exec_ok(container, ["sh", "-c", f"head -c {size} /dev/urandom > /workspace/data.bin"])
+    return container
+
+
+def _floor_fork(floor: Floor, reaper: Reaper, parent: Container) -> tuple[float, list[float]]:
+    """docker commit of the parent, a container from that image, the workspace piped across.
+
+    Returns (seconds, [commit, start child, copy]); cleanup is not timed.
+    """
+    api = floor.client.api
+    t0 = time.perf_counter()
+    image = api.commit(str(parent.id), pause=False)["Id"]
+    t1 = time.perf_counter()
+    child = floor.client.containers.run(
+        image,
+        ["sleep", "infinity"],
+        detach=True,
+        runtime=floor.runtime,
+        network_mode="none",
+        labels=FLOOR_LABELS,
+        tmpfs=FLOOR_TMPFS,
+    )
+    t2 = time.perf_counter()
+    source = _floor_exec_out(api, str(parent.id), ["tar", "-C", "/workspace", "-cf", "-", "."])
+    _floor_exec_in(api, str(child.id), ["tar", "-C", "/workspace", "-xf", "-"], source)
+    t3 = time.perf_counter()
+    remove_quietly(child)
+    with contextlib.suppress(docker.errors.APIError):
+        api.remove_image(image, force=True)
+    return t3 - t0, [t1 - t0, t2 - t1, t3 - t2]
+
+
+def bench_fork(backend: str, floor: Floor, plan: Plan) -> list[Result]:
+    """F1, F100: ``fork()`` of a sandbox with 1 MB and 100 MB of workspace data.
+
+    Floor: ``docker commit`` of an equivalent container, a container from the committed
+    image, and the workspace copied between them with ``tar`` over the engine's exec
+    streams.  The workspace is a tmpfs, which ``docker commit`` does not capture and the
+    archive API (``docker cp``, ``get_archive``) cannot read: it sees the empty mount point
+    in the container's layer, not the tmpfs (see line 4).
+    """
+    results: list[Result] = []
+    for size in FORK_SIZES:
+        n = (5 if plan.quick else 12) if size <= MB else (3 if plan.quick else 7)
+        label = f"{size // MB} MB"
+        ours = Series(f"fork(), {label} workspace", "ms")
+        base = Series("commit + run + tar pipe", "ms")
+        creates: list[float] = []
+        phases: list[list[float]] = []
+        with Reaper() as reaper:
+            parent = reaper.sandbox(backend, timeout=900)
+            digest = _fill(parent, size)
+            child = parent.fork()  # warm-up, and the copy is checked once
+            copied = child.exec_shell("sha256sum data.bin").check().stdout.split()[0]
+            child.destroy()
+            if copied != digest:
+                raise RuntimeError("the fork's data differs from the parent's")
+            for _ in range(n):
+                t0 = time.perf_counter()
+                child = parent.fork()
+                ours.samples.append(time.perf_counter() - t0)
+                child.destroy()
+                # The part no copy can avoid: creating a sandbox (same config, same engine).
+                t0 = time.perf_counter()
+                bare = reaper.sandbox(backend)
+                creates.append(time.perf_counter() - t0)
+                bare.destroy()
+            container = _floor_filled(floor, reaper, size)
+            _floor_fork(floor, reaper, container)  # warm-up
+            for _ in range(n):
+                total, parts = _floor_fork(floor, reaper, container)
+                base.samples.append(total)
+                phases.append(parts)
+        create50 = percentile(creates, 50) * 1e3
+        notes = [
+            f"creating a sandbox alone (Sandbox() with the same config, no copy) p50 {create50:.0f} ms: "
+            f"the copy through the agent channels adds p50 {(ours.p50 or 0) - create50:.0f} ms",
+            "floor by phase (p50): "
+            + ", ".join(
+                f"{name} {percentile([p[i] for p in phases], 50) * 1e3:.0f} ms"
+                for i, name in enumerate(("docker commit", "run child", "tar pipe"))
+            )
+            + "; it copies no more than ours (commit sees no tmpfs), validates nothing",
+        ]
+        target = Target("p50_le", 150.0 if size <= MB else 300.0)
+        key = f"F{size // MB}"
+        results.append(Result(backend, key, f"fork, {label} workspace", ours, base, target, notes=notes))
+    return results
+
+
+def bench_snapshot(backend: str, floor: Floor, plan: Plan) -> list[Result]:
+    """T1, T2: ``snapshot(path)`` and ``restore(path)`` of 100 MB of workspace data.
+
+    Floor: ``tar -cf -`` of the workspace over the engine's exec stream into a host file,
+    and that file fed to ``tar -xf -`` over an exec stdin (no validation, no staging).
+    """
+    import tempfile
+
+    n = 3 if plan.quick else 7
+    label = f"{SNAP_SIZE // MB} MB"
+    snap = Series(f"snapshot(), {label}", "ms")
+    rest = Series(f"restore(), {label}", "ms")
+    snap_floor = Series("exec tar -c > host file", "ms")
+    rest_floor = Series("host file > exec tar -x", "ms")
+    with Reaper() as reaper, tempfile.TemporaryDirectory(prefix="agentnest-bench-") as tmp:
+        path = Path(tmp) / "snap.tar"
+        sandbox = reaper.sandbox(backend, timeout=900)
+        digest = _fill(sandbox, SNAP_SIZE)
+        sandbox.snapshot(path)  # warm-up
+        sandbox.restore(path)
+        if sandbox.exec_shell("sha256sum data.bin").check().stdout.split()[0] != digest:
+            raise RuntimeError("restore changed the data")
+        for _ in range(n):  # ABAB: snapshot, then restore of that snapshot
+            snap.samples.append(timed(lambda: sandbox.snapshot(path)))
+            rest.samples.append(timed(lambda: sandbox.restore(path)))
+        size_on_disk = path.stat().st_size
+        api = floor.client.api
+        container = _floor_filled(floor, reaper, SNAP_SIZE)
+        floor_path = Path(tmp) / "floor.tar"
+
+        def floor_out() -> None:
+            with open(floor_path, "wb") as f:
+                for chunk in _floor_exec_out(
+                    api, str(container.id), ["tar", "-C", "/workspace", "-cf", "-", "."]
+                ):
+                    f.write(chunk)
+
+        def floor_in() -> None:
+            with open(floor_path, "rb") as f:
+                chunks = iter(lambda: f.read(1 << 20), b"")
+                _floor_exec_in(api, str(container.id), ["tar", "-C", "/workspace", "-xf", "-"], chunks)
+
+        floor_out()
+        floor_in()
+        for _ in range(n):
+            snap_floor.samples.append(timed(floor_out))
+            rest_floor.samples.append(timed(floor_in))
+    notes = [
+        f"random data in one file; the snapshot file is {size_on_disk / MB:.1f} MB, written next to "
+        "its path and renamed; the host validates every member and hashes the payload (SHA-256)",
+    ]
+    rest_notes = [
+        "restore streams the file through the host's validation into the extractor (which validates "
+        "again) under flow control, stages it in the workspace and swaps it in; the floor extracts "
+        "over the old files in place",
+    ]
+    return [
+        Result(backend, "T1", f"snapshot, {label}", snap, snap_floor, Target("p50_le", 300.0), notes=notes),
+        Result(
+            backend, "T2", f"restore, {label}", rest, rest_floor, Target("p50_le", 300.0), notes=rest_notes
+        ),
+    ]
+
+
 # -- driver ------------------------------------------------------------------------------
 
 
@@ -933,6 +1137,8 @@ def run_backend(backend: str, client: docker.DockerClient, plan: Plan) -> list[R
         ("6", "parallel execs", lambda: bench_parallel(backend, floor, plan)),
         ("7", "idle memory", lambda: bench_memory(backend, plan)),
         ("S", "python session", lambda: bench_session(backend, plan)),
+        ("F", "fork", lambda: bench_fork(backend, floor, plan)),
+        ("T", "snapshot and restore", lambda: bench_snapshot(backend, floor, plan)),
     ]
     results: list[Result] = []
     for key, name, step in steps:

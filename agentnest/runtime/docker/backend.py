@@ -179,6 +179,10 @@ class DockerBackend(RuntimeBackend):
             Capability.READ_ONLY_ROOT,
             Capability.DEADLINE,
             Capability.GPU,
+            # Both move the workspace through the agent channel (a tar stream),
+            # so they need nothing from the engine and work with remote engines.
+            Capability.FORK,
+            Capability.SNAPSHOT,
         }
         if self.spec.oci_runtime == "runc":
             caps.add(Capability.NETWORK_OPEN)
