@@ -83,7 +83,9 @@ class Command:
         self.pid = proc.pid
         self.fds: Dict[int, int] = {}
         self.stdin_fd: Optional[int] = None
-        self.stdin_queue: List[bytes] = []
+        # memoryviews: a partial pipe write advances a view instead of copying
+        # the rest of the chunk (which made large stdin quadratic).
+        self.stdin_queue: List[memoryview] = []
         self.stdin_eof = False
         self.deadline: Optional[float] = None
         self.limit = limit
@@ -158,6 +160,7 @@ def spawn(
     if proc.stdin is not None:
         cmd.stdin_fd = proc.stdin.fileno()
         os.set_blocking(cmd.stdin_fd, False)
+        _grow_pipe(cmd.stdin_fd)
     return cmd
 
 

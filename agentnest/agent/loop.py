@@ -190,7 +190,7 @@ class Agent:
             cmd = self.commands.get(rid or -1)
             if cmd is not None and cmd.stdin_fd is not None:
                 if body:
-                    cmd.stdin_queue.append(body)
+                    cmd.stdin_queue.append(memoryview(body))
                 if h.get("eof"):
                     cmd.stdin_eof = True
                 self._pump_stdin(cmd)
