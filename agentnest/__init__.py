@@ -1,6 +1,7 @@
 """AgentNest: disposable, policy-controlled sandboxes for AI agents."""
 
 from ._version import __version__
+from .aio import AsyncExecutionStream, AsyncPythonSession, AsyncSandbox, AsyncSessionStream
 from .config import (
     Artifact,
     ExecutionChunk,
@@ -22,6 +23,7 @@ from .errors import (
     MissingDependencyError,
     PolicyDeniedError,
     PoolExhaustedError,
+    PoolFactoryError,
     RuntimeNotAvailableError,
     SandboxDestroyedError,
     SessionLostError,
@@ -31,6 +33,7 @@ from .errors import (
 from .events import EventType, MemoryObserver, SandboxEvent
 from .guard import ApprovalRequest
 from .policy import NetworkMode, NetworkPolicy, SecurityPolicy
+from .pool import AsyncSandboxPool, PoolStats, SandboxPool
 from .sandbox import ExecutionStream, Sandbox
 from .secrets import Secret
 from .session import DisplayItem, PythonSession, SessionResult, SessionStream
@@ -40,6 +43,11 @@ __all__ = [
     "AgentNestError",
     "ApprovalRequest",
     "Artifact",
+    "AsyncExecutionStream",
+    "AsyncPythonSession",
+    "AsyncSandbox",
+    "AsyncSandboxPool",
+    "AsyncSessionStream",
     "BackendError",
     "ChannelError",
     "ConfigurationError",
@@ -59,6 +67,8 @@ __all__ = [
     "NetworkPolicy",
     "PolicyDeniedError",
     "PoolExhaustedError",
+    "PoolFactoryError",
+    "PoolStats",
     "PythonSession",
     "ResourceLimits",
     "RuntimeNotAvailableError",
@@ -66,6 +76,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxDestroyedError",
     "SandboxEvent",
+    "SandboxPool",
     "Secret",
     "SecurityPolicy",
     "SessionLostError",

@@ -17,6 +17,7 @@ Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
      ├── FileAccessError             a file operation was refused or failed
      ├── SnapshotError               a snapshot or fork stream was refused (``.member``, ``.rule``)
      ├── PoolExhaustedError          no pooled sandbox became free in time
+     ├── PoolFactoryError            a pool's factory failed; ``__cause__`` is why
      └── SessionLostError            a Python session's interpreter is gone (state lost)
 
 Messages name what was wrong and how to fix it.  Over the wire (agent
@@ -134,7 +135,16 @@ class SnapshotError(AgentNestError):
 
 
 class PoolExhaustedError(AgentNestError):
-    """No sandbox in the pool became free before the wait timed out."""
+    """No sandbox in the pool became free before the wait timed out (or the pool is closed)."""
+
+
+class PoolFactoryError(AgentNestError):
+    """A pool's factory failed to create a sandbox; ``__cause__`` is its exception.
+
+    The pool keeps working and calls the factory again on a later acquire.
+
+    .. versionadded:: 0.4.0
+    """
 
 
 class SessionLostError(AgentNestError):
@@ -167,6 +177,7 @@ __all__ = [
     "MissingDependencyError",
     "PolicyDeniedError",
     "PoolExhaustedError",
+    "PoolFactoryError",
     "RuntimeNotAvailableError",
     "SandboxDestroyedError",
     "SessionLostError",

@@ -49,7 +49,7 @@ import docker.errors  # noqa: E402
 from docker.models.containers import Container  # noqa: E402
 
 import agentnest  # noqa: E402
-from agentnest import Sandbox, SecurityPolicy  # noqa: E402
+from agentnest import Sandbox, SandboxPool, SecurityPolicy  # noqa: E402
 from agentnest.sandbox import default_image  # noqa: E402
 
 #: Backend name -> OCI runtime the floor uses.
@@ -670,6 +670,105 @@ def bench_parallel(backend: str, floor: Floor, plan: Plan) -> Result:
     return Result(backend, "6", "parallel execs", ours, base, Target("p50_ge", 500.0), True, notes)
 
 
+# -- pools -------------------------------------------------------------------------------
+
+POOL_SIZE = 4
+POOL_MANY = 32
+POOL_MANY_EXECS = 20
+
+
+def _wait_warm(pool: SandboxPool, within: float = 60.0) -> None:
+    """Poll until every sandbox of the pool is idle again (between samples, not timed)."""
+    deadline = time.monotonic() + within
+    while pool.stats.idle < pool.size:
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"the pool did not get warm again: {pool.stats}")
+        time.sleep(0.0005)
+
+
+def bench_pool(backend: str, plan: Plan) -> list[Result]:
+    """P1: acquire + exec_shell("true") + release on a warm pool; P2: 32 sandboxes x 20 execs."""
+    n = plan.python * 2
+    ours = Series('acquire + exec_shell("true") + release', "ms")
+    burst: list[float] = []
+
+    def factory() -> Sandbox:
+        return Sandbox(backend=backend, timeout=1800)
+
+    with SandboxPool(factory, size=POOL_SIZE, reset="clean", max_uses=10_000) as pool:
+        t0 = time.perf_counter()
+        pool.start(wait=True)
+        warm_up = time.perf_counter() - t0
+        for _ in range(POOL_SIZE * 5):
+            with pool.acquire() as sandbox:
+                sandbox.exec_shell("true")
+            _wait_warm(pool)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            with pool.acquire() as sandbox:
+                result = sandbox.exec_shell("true")
+            ours.samples.append(time.perf_counter() - t0)
+            if not result.ok:
+                raise RuntimeError(f"exec_shell('true') failed: {result}")
+            _wait_warm(pool)
+        # Back to back, without waiting for the reset: what a busy caller sees.
+        for _ in range(n):
+            burst.append(timed(lambda: _pool_exec(pool)))
+        stats = pool.stats
+    notes = [
+        f"SandboxPool(size={POOL_SIZE}, reset='clean'): health ping on acquire, clean reset after "
+        f"release (in the pool's threads); start(wait=True) took {warm_up:.2f} s",
+        f"back to back, not waiting for the resets: p50 {percentile(burst, 50) * 1e3:.2f} ms, "
+        f"p95 {percentile(burst, 95) * 1e3:.2f} ms (a caller may wait for a sandbox being cleaned)",
+        f"pool stats at the end: created {stats.created}, destroyed {stats.destroyed}, failed {stats.failed}",
+    ]
+    results = [Result(backend, "P1", "pool acquire + exec", ours, target=Target("p50_le", 2.0), notes=notes)]
+    results.append(_bench_pool_many(backend))
+    return results
+
+
+def _pool_exec(pool: SandboxPool) -> None:
+    with pool.acquire() as sandbox:
+        if not sandbox.exec_shell("true").ok:
+            raise RuntimeError("exec_shell('true') failed")
+
+
+def _bench_pool_many(backend: str) -> Result:
+    total = POOL_MANY * POOL_MANY_EXECS
+    ours = Series(f"{POOL_MANY} threads x {POOL_MANY_EXECS} exec_shell", "execs/s", work=total)
+
+    def factory() -> Sandbox:
+        return Sandbox(backend=backend, timeout=1800)
+
+    with SandboxPool(factory, size=POOL_MANY, acquire_timeout=120.0) as pool:
+        t0 = time.perf_counter()
+        pool.start(wait=True)
+        created = time.perf_counter() - t0
+
+        def worker() -> list[float]:
+            lat = []
+            with pool.acquire() as sandbox:
+                for i in range(POOL_MANY_EXECS):
+                    t = time.perf_counter()
+                    if sandbox.exec_shell(f"echo {i}").stdout != f"{i}\n":
+                        raise RuntimeError("unexpected output")
+                    lat.append(time.perf_counter() - t)
+            return lat
+
+        wall, lat = _threads_round([worker for _ in range(POOL_MANY)])
+        ours.samples.append(wall)
+        t0 = time.perf_counter()
+    closed = time.perf_counter() - t0
+    notes = [
+        f"{POOL_MANY} sandboxes at once from SandboxPool(size={POOL_MANY}); start(wait=True) created them "
+        f"in {created:.2f} s; close() destroyed them in {closed:.2f} s (neither counted)",
+        f"all {total} execs succeeded; per-exec latency p50 {percentile(lat, 50) * 1e3:.1f} ms "
+        f"p95 {percentile(lat, 95) * 1e3:.1f} ms",
+    ]
+    name = f"{POOL_MANY} sandboxes x {POOL_MANY_EXECS} execs"
+    return Result(backend, "P2", name, ours, higher_is_better=True, notes=notes)
+
+
 # -- memory (measured in child processes, so the host RSS baseline is clean) -------------
 
 
@@ -1137,6 +1236,7 @@ def run_backend(backend: str, client: docker.DockerClient, plan: Plan) -> list[R
         ("6", "parallel execs", lambda: bench_parallel(backend, floor, plan)),
         ("7", "idle memory", lambda: bench_memory(backend, plan)),
         ("S", "python session", lambda: bench_session(backend, plan)),
+        ("P", "pools", lambda: bench_pool(backend, plan)),
         ("F", "fork", lambda: bench_fork(backend, floor, plan)),
         ("T", "snapshot and restore", lambda: bench_snapshot(backend, floor, plan)),
     ]

@@ -220,7 +220,7 @@ class Channel:
             except queue.Empty:
                 continue
             if item is None:
-                raise ChannelError(f"the agent channel is closed: {self._broken}")
+                raise ChannelError(f"the agent channel is closed: {self._broken or 'request abandoned'}")
             return item
 
     def _timeout(self, what: str, stalled: float | None = None) -> ChannelError:

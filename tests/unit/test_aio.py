@@ -1,0 +1,540 @@
+"""AsyncSandbox (aio.py) over the real agent, run as an unsandboxed child process.
+
+A tiny backend in this file puts each sandbox's agent in a temporary
+directory on this machine (``agentnest.testing.process.LocalAgent``), so the
+async face, the guard and the channel all run for real without an engine.
+Commands here are harmless; every command whose processes are checked
+carries a unique environment tag, and what survives a test is killed by the
+fixture after checking that tag.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agentnest import (
+    AsyncExecutionStream,
+    AsyncSandbox,
+    ConfigurationError,
+    ExecutionChunk,
+    ExecutionError,
+    ExecutionTimeoutError,
+    FileAccessError,
+    MemoryObserver,
+    PolicyDeniedError,
+    Sandbox,
+    SandboxDestroyedError,
+    SandboxEvent,
+)
+from agentnest.aio import _LoopBridge
+from agentnest.channel.streams import ByteStream
+from agentnest.config import SandboxConfig
+from agentnest.guard import ApprovalRequest
+from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
+from agentnest.testing.process import LocalAgent
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+WAIT = 15.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class LocalBackend(RuntimeBackend):
+    """Each sandbox is a LocalAgent in its own directory (tests only: isolates nothing)."""
+
+    name = "local-test"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.agents: dict[str, LocalAgent] = {}
+        self.destroyed: list[str] = []
+        self.creating = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def capabilities(self) -> frozenset[Capability]:
+        return frozenset({Capability.NETWORK_DENIED})
+
+    def create(self, config: SandboxConfig) -> SandboxHandle:
+        self.creating.set()
+        self.gate.wait(WAIT)
+        sid = uuid.uuid4().hex[:12]
+        workspace = self.root / sid
+        workspace.mkdir()
+        return SandboxHandle(sid, self.name, time.time() + config.lifetime, {"workspace": str(workspace)})
+
+    def open_channel(self, handle: SandboxHandle) -> ByteStream:
+        agent = LocalAgent(handle.info["workspace"])
+        self.agents[handle.id] = agent
+        return agent.stream
+
+    def is_running(self, handle: SandboxHandle) -> bool:
+        agent = self.agents.get(handle.id)
+        return agent is not None and agent.proc.poll() is None
+
+    def destroy(self, handle: SandboxHandle) -> None:
+        agent = self.agents.pop(handle.id, None)
+        if agent is not None:
+            agent.kill()
+            self.destroyed.append(handle.id)
+
+
+def tagged(tag: str) -> list[int]:
+    """PIDs of live (non-zombie) processes whose environment carries ``AN_TAG=tag``."""
+    needle = f"AN_TAG={tag}".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in b"ZX":
+            found.append(int(pid))
+    return found
+
+
+async def wait_for(predicate: Callable[[], Any], what: str, within: float = WAIT) -> None:
+    """Poll a condition (sync or async) with a deadline."""
+    deadline = time.monotonic() + within
+    while True:
+        value = predicate()
+        if hasattr(value, "__await__"):
+            value = await value
+        if value:
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} did not happen within {within}s")
+        await anyio.sleep(0.01)
+
+
+@pytest.fixture
+def tag() -> Iterator[str]:
+    value = uuid.uuid4().hex
+    yield value
+    for pid in tagged(value):  # a failed test must not leave processes behind
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> LocalBackend:
+    return LocalBackend(tmp_path)
+
+
+@pytest.fixture
+async def sandbox(backend: LocalBackend) -> AsyncIterator[AsyncSandbox]:
+    async with AsyncSandbox.create("local", 120, backend=backend) as sb:
+        yield sb
+
+
+# -- creation and lifecycle -------------------------------------------------------------
+
+
+async def test_create_await_and_destroy(backend: LocalBackend) -> None:
+    sb = await AsyncSandbox.create("local", 60, backend=backend)
+    try:
+        assert sb.config.image == "local" and sb.config.lifetime == 60
+        assert sb.backend is backend
+        assert time.time() < sb.deadline <= time.time() + 60
+        assert sb.id in repr(sb) and "running" in repr(sb)
+    finally:
+        await sb.destroy()
+    assert sb.destroyed and backend.destroyed == [sb.id]
+    await sb.destroy()  # idempotent
+    assert backend.destroyed == [sb.id]
+    with pytest.raises(SandboxDestroyedError):
+        await sb.exec(["true"])
+
+
+async def test_async_with_destroys_on_exit_and_on_error(backend: LocalBackend) -> None:
+    async with AsyncSandbox.create("local", backend=backend) as sb:
+        assert (await sb.exec_shell("echo hi")).stdout == "hi\n"
+    assert sb.destroyed
+    with pytest.raises(KeyError):
+        async with await AsyncSandbox.create("local", backend=backend) as other:
+            raise KeyError("boom")
+    assert other.destroyed and backend.destroyed == [sb.id, other.id]
+
+
+async def test_bad_arguments_surface_on_await(backend: LocalBackend) -> None:
+    creation = AsyncSandbox.create("local", backend=backend, memory="lots")
+    with pytest.raises(ConfigurationError):
+        await creation
+    assert backend.agents == {}
+
+
+async def test_cancelled_create_destroys_the_sandbox(backend: LocalBackend) -> None:
+    backend.gate.clear()  # provisioning blocks in the engine
+    with anyio.move_on_after(WAIT) as scope:
+        async with anyio.create_task_group() as tg:
+
+            async def create() -> None:
+                await AsyncSandbox.create("local", backend=backend)
+                raise AssertionError("create was not cancelled")
+
+            tg.start_soon(create)
+            await anyio.to_thread.run_sync(backend.creating.wait, WAIT)
+            tg.cancel_scope.cancel()
+    assert not scope.cancelled_caught  # the cancellation was ours, not the guard timeout's
+    backend.gate.set()  # the engine finishes; the abandoned creation cleans up after itself
+    await wait_for(lambda: len(backend.destroyed) == 1, "destruction of the abandoned sandbox")
+    assert backend.agents == {}
+
+
+async def test_logs(sandbox: AsyncSandbox) -> None:
+    assert isinstance(await sandbox.logs(), str)
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+async def test_exec_family_matches_the_sync_face(sandbox: AsyncSandbox) -> None:
+    sync: Sandbox = sandbox._sandbox
+    cases: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+        ("exec", (["printf", "%s|", "a b", "$HOME"],), {}),
+        ("exec_shell", ("echo out; echo err >&2; exit 3",), {}),
+        ("exec_shell", ("cat; cat",), {"input": "fed\n"}),
+        ("exec_shell", ('printf %s "$AN_X"',), {"env": {"AN_X": "per call"}}),
+        ("exec_python", ("import sys; print(sys.stdin.read().upper())",), {"input": b"abc"}),
+        ("exec_python", ("x = 1\n" * 60_000 + "print(x)",), {}),  # > 100 KiB: sent on stdin
+        ("run_code", ("a = 10; print(a * 2)",), {}),
+        ("run_code", ("echo sh", "shell"), {}),
+    ]
+    outputs = []
+    for name, args, kwargs in cases:
+        ours = await getattr(sandbox, name)(*args, **kwargs)
+        theirs = await anyio.to_thread.run_sync(functools.partial(getattr(sync, name), *args, **kwargs))
+        assert (ours.stdout, ours.stderr, ours.exit_code) == (theirs.stdout, theirs.stderr, theirs.exit_code)
+        outputs.append((ours.stdout, ours.exit_code))
+    assert outputs == [
+        ("a b|$HOME|", 0),
+        ("out\n", 3),
+        ("fed\n", 0),
+        ("per call", 0),
+        ("ABC\n", 0),
+        ("1\n", 0),
+        ("20\n", 0),
+        ("sh\n", 0),
+    ]
+    assert await sandbox.exec_json("import json; print(json.dumps({'a': [1, 2]}))") == {"a": [1, 2]}
+    with pytest.raises(ExecutionError, match="not JSON"):
+        await sandbox.exec_json("print('nope')")
+    with pytest.raises(ConfigurationError):
+        await sandbox.run_code("1", "cobol")
+    with pytest.raises(ConfigurationError):
+        await sandbox.exec_python("x = 1\n" * 60_000, input="no")
+    with pytest.raises(ConfigurationError):
+        await sandbox.exec([])
+
+
+async def test_exec_timeout_is_non_destructive(sandbox: AsyncSandbox, tag: str) -> None:
+    with pytest.raises(ExecutionTimeoutError) as info:
+        await sandbox.exec_shell("echo partial; sleep 30", timeout=0.5, env={"AN_TAG": tag})
+    result = info.value.result
+    assert result is not None and result.timed_out and result.stdout == "partial\n"
+    assert tagged(tag) == []
+    assert (await sandbox.exec_shell("echo alive")).stdout == "alive\n"
+
+
+async def test_cancelling_an_awaited_exec_kills_its_process_tree(sandbox: AsyncSandbox, tag: str) -> None:
+    script = "sleep 100 & sleep 100 & touch started; wait"
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            await sandbox.exec_shell(script, env={"AN_TAG": tag})
+            raise AssertionError("the command was not cancelled")
+
+        tg.start_soon(run)
+        await wait_for(lambda: sandbox.exists("started"), "the command to start")
+        assert len(tagged(tag)) == 3  # sh and two sleeps
+        tg.cancel_scope.cancel()
+    await wait_for(lambda: tagged(tag) == [], "the command's process tree to die")
+    # The abandoned wait let go of the channel, and the sandbox works on.
+    channel = sandbox._sandbox._channel
+    assert channel is not None
+    await wait_for(lambda: not channel._pending, "the channel to forget the cancelled command")
+    assert (await sandbox.exec_shell("echo alive")).stdout == "alive\n"
+
+
+async def test_move_on_after_cancels_the_command(sandbox: AsyncSandbox, tag: str) -> None:
+    t0 = time.monotonic()
+    with anyio.move_on_after(0.5) as scope:
+        await sandbox.exec_shell("sleep 100 & sleep 100", env={"AN_TAG": tag})
+    assert scope.cancelled_caught and time.monotonic() - t0 < 5
+    await wait_for(lambda: tagged(tag) == [], "the command's process tree to die")
+
+
+async def test_concurrent_execs_on_one_sandbox(sandbox: AsyncSandbox) -> None:
+    """Eight commands wait for one another inside the sandbox: they can only finish together."""
+    n = 8
+    script = (
+        "touch arrived-$I; i=0; "
+        f'while [ "$(ls arrived-* | wc -l)" -lt {n} ]; do sleep 0.02; i=$((i+1)); '
+        '[ $i -gt 500 ] && { echo alone; exit 1; }; done; echo "together $I"'
+    )
+    results: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        results[i] = (await sandbox.exec_shell(script, env={"I": str(i)}, timeout=30)).stdout
+
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(one, i)
+    assert results == {i: f"together {i}\n" for i in range(n)}
+
+
+# -- streams -------------------------------------------------------------------------------
+
+
+async def test_stream_is_incremental(sandbox: AsyncSandbox) -> None:
+    """The command prints, then waits for a file that only the test creates after the first chunk."""
+    script = "echo first; while [ ! -e go ]; do sleep 0.01; done; echo second >&2; echo third"
+    chunks: list[ExecutionChunk] = []
+    stream = sandbox.stream_shell(script, timeout=30)
+    assert isinstance(stream, AsyncExecutionStream)
+    async for chunk in stream:
+        chunks.append(chunk)
+        if chunk.data == "first\n":
+            await sandbox.write_file("go", "")
+    assert chunks[0] == ExecutionChunk("stdout", "first\n")
+    assert sorted((c.stream, c.data) for c in chunks[1:]) == [("stderr", "second\n"), ("stdout", "third\n")]
+    assert stream.result is not None and stream.result.ok
+    assert (stream.result.stdout, stream.result.stderr) == ("first\nthird\n", "second\n")
+
+
+async def test_stream_exec_and_python(sandbox: AsyncSandbox) -> None:
+    texts = [c.data async for c in sandbox.stream_exec(["printf", "a"])]
+    assert texts == ["a"]
+    stream = sandbox.stream_python("print(6 * 7)")
+    assert "".join([c.data async for c in stream]) == "42\n"
+    assert stream.result is not None and stream.result.stdout == "42\n"
+    assert [c async for c in stream] == []  # iterated once
+
+
+async def test_stream_timeout_raises_after_the_output(sandbox: AsyncSandbox, tag: str) -> None:
+    seen: list[str] = []
+    stream = sandbox.stream_shell("echo partial; sleep 30", timeout=0.5, env={"AN_TAG": tag})
+    with pytest.raises(ExecutionTimeoutError) as info:
+        async for chunk in stream:
+            seen.append(chunk.data)
+    assert seen == ["partial\n"]
+    assert info.value.result is not None and info.value.result.timed_out
+    assert tagged(tag) == []
+
+
+async def test_stream_async_with_and_aclose_kill_the_command(sandbox: AsyncSandbox, tag: str) -> None:
+    script = "sleep 100 & echo ready; sleep 100"
+    async with sandbox.stream_shell(script, env={"AN_TAG": tag}) as stream:
+        async for chunk in stream:
+            assert chunk.data == "ready\n"
+            break
+        assert len(tagged(tag)) == 3
+    await wait_for(lambda: tagged(tag) == [], "async with to kill the tree")
+    assert stream.result is None
+
+    stream = sandbox.stream_shell(script, env={"AN_TAG": tag})
+    assert (await stream.__anext__()).data == "ready\n"
+    await stream.aclose()
+    await wait_for(lambda: tagged(tag) == [], "aclose to kill the tree")
+    with pytest.raises(StopAsyncIteration):
+        await stream.__anext__()
+
+
+async def test_cancelling_a_stream_kills_the_command(sandbox: AsyncSandbox, tag: str) -> None:
+    with anyio.move_on_after(0.5) as scope:
+        async for _ in sandbox.stream_shell("echo tick; sleep 100 & sleep 100", env={"AN_TAG": tag}):
+            pass
+    assert scope.cancelled_caught
+    await wait_for(lambda: tagged(tag) == [], "the stream's process tree to die")
+
+
+async def test_stream_refusal_surfaces_at_async_with(sandbox: AsyncSandbox) -> None:
+    with pytest.raises(ConfigurationError):
+        async with sandbox.stream_exec([]):
+            raise AssertionError("not reached")
+
+
+# -- files ---------------------------------------------------------------------------------
+
+
+async def test_files(sandbox: AsyncSandbox, tmp_path: Path) -> None:
+    await sandbox.write_file("dir/a.txt", "héllo")
+    await sandbox.write_file("b.bin", b"\x00\xff", mode=0o600)
+    assert await sandbox.read_file("dir/a.txt") == "héllo"
+    assert await sandbox.read_file("b.bin", encoding=None) == b"\x00\xff"
+    assert await sandbox.exists("dir/a.txt") and not await sandbox.exists("nope")
+    await sandbox.mkdir("made/deep")
+    names = {f.path for f in await sandbox.list_files(".", recursive=True)}
+    assert {"dir", "dir/a.txt", "b.bin", "made", "made/deep"} <= names
+    await sandbox.remove_file("dir", recursive=True)
+    assert not await sandbox.exists("dir")
+    source = tmp_path / "up.txt"
+    source.write_text("uploaded")
+    await sandbox.upload_file(source, "up.txt")
+    await sandbox.download_file("up.txt", tmp_path / "down.txt")
+    assert (tmp_path / "down.txt").read_text() == "uploaded"
+    with pytest.raises(FileAccessError):
+        await sandbox.read_file("../escape")
+
+
+# -- hooks and observers -----------------------------------------------------------------------
+
+
+async def test_async_approval_hook_allows_and_denies(backend: LocalBackend) -> None:
+    seen: list[ApprovalRequest] = []
+    loop_thread = threading.get_ident()
+    threads: set[bool] = set()
+
+    async def hook(request: ApprovalRequest) -> bool:
+        await anyio.sleep(0)
+        threads.add(threading.get_ident() == loop_thread)
+        seen.append(request)
+        return "forbidden" not in " ".join(request.details.get("argv", ()))
+
+    async with AsyncSandbox.create("local", backend=backend, approval_hook=hook) as sb:
+        assert (await sb.exec_shell("echo allowed")).stdout == "allowed\n"
+        with pytest.raises(PolicyDeniedError) as info:
+            await sb.exec_shell("echo forbidden")
+        assert info.value.request.kind == "exec"
+        await sb.write_file("f.txt", "x")
+        with pytest.raises(PolicyDeniedError):
+            async for _ in sb.stream_shell("echo forbidden"):
+                pass
+    assert [r.kind for r in seen] == ["exec", "exec", "file.write", "exec"]
+    assert threads == {True}  # awaited in the event loop
+
+
+async def test_failing_or_sync_hooks_on_the_async_face(backend: LocalBackend) -> None:
+    async def broken(request: ApprovalRequest) -> bool:
+        raise RuntimeError("hook bug")
+
+    async with AsyncSandbox.create("local", backend=backend, approval_hook=broken) as sb:
+        with pytest.raises(PolicyDeniedError, match="hook bug"):
+            await sb.exec(["true"])
+
+    def no_reads(request: ApprovalRequest) -> bool:
+        return request.kind != "file.read"
+
+    async with AsyncSandbox.create("local", backend=backend, approval_hook=no_reads) as sb:
+        await sb.write_file("f", "x")
+        with pytest.raises(PolicyDeniedError):
+            await sb.read_file("f")
+
+
+async def test_async_hook_on_a_wrapped_sync_sandbox_is_refused(backend: LocalBackend) -> None:
+    async def yes(request: ApprovalRequest) -> bool:
+        return True
+
+    sync = await anyio.to_thread.run_sync(lambda: Sandbox("local", backend=backend, approval_hook=yes))
+    try:
+        with pytest.raises(PolicyDeniedError, match="async"):
+            await AsyncSandbox(sync).exec(["true"])
+    finally:
+        await AsyncSandbox(sync).destroy()
+
+
+async def test_async_observers_receive_every_event(backend: LocalBackend) -> None:
+    memory = MemoryObserver()
+    received: list[SandboxEvent] = []
+
+    async def observer(event: SandboxEvent) -> None:
+        await anyio.sleep(0)
+        received.append(event)
+
+    async with AsyncSandbox.create(
+        "local", backend=backend, observers=[observer, memory], environment={"AN_S": "x"}
+    ) as sb:
+        await sb.exec_shell("true")
+        async for _ in sb.stream_shell("echo s"):
+            pass
+        await sb.write_file("a", "b")
+    assert [e.type.value for e in received] == memory.types()
+    assert memory.types() == [
+        "sandbox.created",
+        "exec.started",
+        "exec.finished",
+        "exec.started",
+        "exec.finished",
+        "file.written",
+        "sandbox.destroyed",
+    ]
+
+
+async def test_bridge_refuses_to_block_the_loop_thread() -> None:
+    bridge = _LoopBridge()
+
+    async def hook(request: object) -> bool:
+        return True
+
+    wrapped = bridge.wrap(hook)
+    with pytest.raises(RuntimeError, match="event loop's own thread"):
+        wrapped(None)  # the coroutine is closed, so no "never awaited" warning follows
+    assert await anyio.to_thread.run_sync(wrapped, None) is True
+
+
+# -- twins of python_session and iterators ---------------------------------------------------
+
+
+async def test_python_session_twin_interrupts_on_cancel(sandbox: AsyncSandbox) -> None:
+    async with await sandbox.python_session() as session:
+        await session.run("x = 41")
+        assert (await session.run("x + 1")).result == "42"
+        t0 = time.monotonic()
+        with anyio.move_on_after(0.5) as scope:
+            await session.run("import time\nwhile True:\n    time.sleep(0.01)")
+        assert scope.cancelled_caught and time.monotonic() - t0 < 5
+        assert (await session.run("x")).result == "41"  # interrupted, not lost
+        async with session.stream("print(1); print(2)") as stream:
+            assert "".join([c.data async for c in stream]) == "1\n2\n"
+        assert stream.result is not None and stream.result.ok
+        assert "AsyncPythonSession" in repr(session)
+    assert session.closed and session.pid is None
+
+
+async def test_thread_iterator_interrupts_and_closes_on_cancel() -> None:
+    from agentnest.aio import _ThreadIterator
+
+    release = threading.Event()
+    closed = threading.Event()
+
+    def blocking() -> Iterator[int]:
+        try:
+            yield 1
+            release.wait(WAIT)  # blocks until interrupted
+            yield 2
+            yield 3
+        finally:
+            closed.set()
+
+    iterator = _ThreadIterator(blocking, release.set, anyio.CapacityLimiter(4))
+    got = []
+    with anyio.move_on_after(0.3) as scope:
+        async for item in iterator:
+            got.append(item)
+    assert scope.cancelled_caught and got == [1]
+    assert release.is_set() and closed.is_set()
+    assert [i async for i in iterator] == []
+
+    finished = _ThreadIterator(lambda: iter([1, 2]), None, anyio.CapacityLimiter(4))
+    async with finished:
+        assert [i async for i in finished] == [1, 2]
