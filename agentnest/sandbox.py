@@ -143,14 +143,22 @@ class Sandbox:
         self._mono_deadline = time.monotonic() + (self._handle.deadline - time.time())
         try:
             self._connect()
+            # Inside the try: an observer that fails must not leave a
+            # container behind that nobody holds a handle to.
+            self._guard.emit(
+                EventType.SANDBOX_CREATED,
+                {
+                    "image": config.image,
+                    "backend": self._handle.backend,
+                    "network": config.network.mode.value,
+                },
+            )
         except BaseException:
+            if self._channel is not None:
+                self._channel.close("sandbox creation failed")
             self._backend.destroy(self._handle)
             self._destroyed = True
             raise
-        self._guard.emit(
-            EventType.SANDBOX_CREATED,
-            {"image": config.image, "backend": self._handle.backend, "network": config.network.mode.value},
-        )
 
     # -- properties ------------------------------------------------------------
 
