@@ -154,8 +154,9 @@ class Sandbox:
                 },
             )
         except BaseException:
-            if self._channel is not None:
-                self._channel.close("sandbox creation failed")
+            channel: Channel | None = self._channel  # set by _connect() if it got that far
+            if channel is not None:
+                channel.close("sandbox creation failed")
             self._backend.destroy(self._handle)
             self._destroyed = True
             raise
