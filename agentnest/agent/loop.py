@@ -15,7 +15,7 @@ import time
 from typing import Any, Dict, Optional
 
 from . import exec as execmod
-from . import files, interpreter, wire
+from . import files, wire
 
 AGENT_VERSION = "0.4.0"
 CAPABILITIES = ["exec", "stream", "stdin", "files", "tree-kill", "session"]
@@ -46,9 +46,9 @@ class Agent:
         self.undumpable = False
         self.last_sent = time.monotonic()
         self._wake_r, self._wake_w = os.pipe()
-        self.sessions = interpreter.Sessions(
-            self.send, self.sel, execmod.kill_tree, self.base_env, self.workspace.root, self.token
-        )
+        # Sessions are loaded on first use: the interpreter module is large,
+        # and an idle sandbox's memory and start-up time are counted.
+        self._sessions: Any = None
 
     # -- output ----------------------------------------------------------
 
@@ -106,7 +106,16 @@ class Agent:
             # However the loop ends (host gone, or a bug), leave no command running.
             for cmd in list(self.commands.values()):
                 execmod.kill_tree(cmd.pid, cmd.marker)
-            self.sessions.kill_all()
+            if self._sessions is not None:
+                self._sessions.kill_all()
+
+    @property
+    def sessions(self) -> Any:
+        if self._sessions is None:
+            self._sessions = _interpreter().Sessions(
+                self.send, self.sel, execmod.kill_tree, self.base_env, self.workspace.root, self.token
+            )
+        return self._sessions
 
     def _serve(self) -> None:
         while self.running:
@@ -128,17 +137,18 @@ class Agent:
                     self._read_output(key.fd)
             self._reap()
             self._check_deadlines()
-            self.sessions.tick()
+            if self._sessions is not None:
+                self._sessions.tick()
             if self._busy() and time.monotonic() - self.last_sent >= HEARTBEAT:
                 self.send({"t": "beat"})
 
     def _busy(self) -> bool:
         """Whether the host waits on something here (then heartbeats flow)."""
-        return bool(self.commands) or self.sessions.busy()
+        return bool(self.commands) or (self._sessions is not None and self._sessions.busy())
 
     def _next_timeout(self) -> Optional[float]:
         now = time.monotonic()
-        best = self.sessions.next_timeout()
+        best = self._sessions.next_timeout() if self._sessions is not None else None
         if self._busy():
             beat = max(0.0, self.last_sent + HEARTBEAT - now)
             best = beat if best is None else min(best, beat)
@@ -379,7 +389,8 @@ class Agent:
                 break
             cmd = self.by_pid.pop(pid, None)
             if cmd is None:
-                self.sessions.reaped(pid, status)
+                if self._sessions is not None:
+                    self._sessions.reaped(pid, status)
             else:
                 cmd.status = status
                 cmd.exited_at = time.monotonic()
@@ -423,6 +434,29 @@ class Agent:
                 "duration": time.monotonic() - cmd.started,
             }
         )
+
+
+def _interpreter() -> Any:
+    """The sessions module, compiled from the bundle's sources on first use."""
+    name = (__package__ or "") + ".interpreter"
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return mod
+    pkg = sys.modules.get(__package__ or "")
+    src = (getattr(pkg, "sources", None) or {}).get("interpreter")
+    if src is None:  # a real package on disk (tests, a checkout)
+        from . import interpreter
+
+        return interpreter
+    import types
+
+    mod = types.ModuleType(name)
+    mod.__package__ = __package__
+    mod.__file__ = "<agentnest-agent/interpreter.py>"
+    sys.modules[name] = mod
+    pkg.__dict__["interpreter"] = mod  # as an import would bind it
+    exec(compile(src, mod.__file__, "exec"), mod.__dict__)  # noqa: S102 - our own shipped source
+    return mod
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ AGENT_EXITED = b"\x00AGENTNEST-AGENT-EXITED\x00"
 
 BOOTSTRAP = r"""
 import os, sys
+LAZY = ("interpreter",)  # compiled by the agent on first use
 def load():
     import json, types, zlib
     b = sys.stdin.buffer
@@ -46,11 +47,16 @@ def load():
     pkg = types.ModuleType("%(pkg)s"); pkg.__path__ = []; pkg.__package__ = "%(pkg)s"
     sys.modules["%(pkg)s"] = pkg
     for name, src in mods:
+        if name in LAZY:
+            continue
         m = types.ModuleType("%(pkg)s." + name); m.__package__ = "%(pkg)s"
         m.__file__ = "<agentnest-agent/" + name + ".py>"
         sys.modules[m.__name__] = m; setattr(pkg, name, m)
         exec(compile(src, m.__file__, "exec"), m.__dict__)
-    pkg.sources = dict(mods)  # Python sessions start from these (there are no files)
+    # Python sessions start from these (there are no files); keep only what
+    # they need, an idle sandbox's memory is counted.
+    pkg.sources = dict((k, v) for k, v in mods if k in ("wire", "interpreter"))
+    del mods
     return sys.modules["%(pkg)s.loop"]
 if sys.argv[1] == "keeper":
     import signal
