@@ -13,6 +13,7 @@ from .config import (
 )
 from .errors import (
     AgentNestError,
+    AuditError,
     BackendError,
     ChannelError,
     ConfigurationError,
@@ -30,7 +31,7 @@ from .errors import (
     SnapshotError,
     UnsupportedCapabilityError,
 )
-from .events import EventType, MemoryObserver, SandboxEvent
+from .events import EventType, JsonLogObserver, MemoryObserver, OpenTelemetryObserver, SandboxEvent
 from .guard import ApprovalRequest
 from .policy import NetworkMode, NetworkPolicy, SecurityPolicy
 from .pool import AsyncSandboxPool, PoolStats, SandboxPool
@@ -48,6 +49,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSandboxPool",
     "AsyncSessionStream",
+    "AuditError",
     "BackendError",
     "ChannelError",
     "ConfigurationError",
@@ -61,10 +63,12 @@ __all__ = [
     "FileAccessError",
     "FileInfo",
     "ImageNotFoundError",
+    "JsonLogObserver",
     "MemoryObserver",
     "MissingDependencyError",
     "NetworkMode",
     "NetworkPolicy",
+    "OpenTelemetryObserver",
     "PolicyDeniedError",
     "PoolExhaustedError",
     "PoolFactoryError",

@@ -18,7 +18,8 @@ Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
      ├── SnapshotError               a snapshot or fork stream was refused (``.member``, ``.rule``)
      ├── PoolExhaustedError          no pooled sandbox became free in time
      ├── PoolFactoryError            a pool's factory failed; ``__cause__`` is why
-     └── SessionLostError            a Python session's interpreter is gone (state lost)
+     ├── SessionLostError            a Python session's interpreter is gone (state lost)
+     └── AuditError                  an audit sink could not record an event (fail loud)
 
 Messages name what was wrong and how to fix it.  Over the wire (agent
 protocol, HTTP) errors travel as stable codes and are rebuilt from a closed
@@ -165,8 +166,19 @@ class SessionLostError(AgentNestError):
         self.result = result
 
 
+class AuditError(AgentNestError):
+    """An audit sink could not record an event (disk full, permission...).
+
+    Fail loud: the operation whose event could not be recorded raises this
+    rather than going unrecorded; ``__cause__`` is the underlying error.
+
+    .. versionadded:: 0.4.0
+    """
+
+
 __all__ = [
     "AgentNestError",
+    "AuditError",
     "BackendError",
     "ChannelError",
     "ConfigurationError",

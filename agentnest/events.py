@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+# The file and OpenTelemetry sinks live in audit.py (re-exported here: every sink in one place).
+from .audit import JsonLogObserver, OpenTelemetryObserver
+
 
 class EventType(str, enum.Enum):
     """Event types, named ``noun.past_verb``."""
@@ -77,3 +80,13 @@ class MemoryObserver:
 
     def types(self) -> list[str]:
         return [e.type.value for e in self.events]
+
+
+__all__ = [
+    "EventType",
+    "JsonLogObserver",
+    "MemoryObserver",
+    "Observer",
+    "OpenTelemetryObserver",
+    "SandboxEvent",
+]
