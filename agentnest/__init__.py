@@ -25,6 +25,7 @@ from .errors import (
     PolicyDeniedError,
     PoolExhaustedError,
     PoolFactoryError,
+    ProfileError,
     RuntimeNotAvailableError,
     SandboxDestroyedError,
     SessionLostError,
@@ -35,6 +36,7 @@ from .events import EventType, JsonLogObserver, MemoryObserver, OpenTelemetryObs
 from .guard import ApprovalRequest
 from .policy import NetworkMode, NetworkPolicy, SecurityPolicy
 from .pool import AsyncSandboxPool, PoolStats, SandboxPool
+from .profiles import Profile
 from .sandbox import ExecutionStream, Sandbox
 from .secrets import Secret
 from .session import DisplayItem, PythonSession, SessionResult, SessionStream
@@ -73,6 +75,8 @@ __all__ = [
     "PoolExhaustedError",
     "PoolFactoryError",
     "PoolStats",
+    "Profile",
+    "ProfileError",
     "PythonSession",
     "ResourceLimits",
     "RuntimeNotAvailableError",

@@ -4,6 +4,7 @@ Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
 
     AgentNestError
      ├── ConfigurationError          (also ValueError) a bad argument or setting
+     │    └── ProfileError           a profile file is invalid (``file:line:`` first)
      ├── PolicyDeniedError           the security policy or an approval said no
      ├── UnsupportedCapabilityError  the backend cannot do (or enforce) this
      ├── MissingDependencyError      (also ImportError) an optional extra is not installed
@@ -41,6 +42,15 @@ class AgentNestError(Exception):
 
 class ConfigurationError(AgentNestError, ValueError):
     """An argument or setting is invalid; the message says which and why.
+
+    .. versionadded:: 0.4.0
+    """
+
+
+class ProfileError(ConfigurationError):
+    """A profile file (``agentnest.yaml``) is missing, malformed or breaks the schema.
+
+    The message starts with ``file:line:`` and names the key at fault.
 
     .. versionadded:: 0.4.0
     """
@@ -190,6 +200,7 @@ __all__ = [
     "PolicyDeniedError",
     "PoolExhaustedError",
     "PoolFactoryError",
+    "ProfileError",
     "RuntimeNotAvailableError",
     "SandboxDestroyedError",
     "SessionLostError",
