@@ -289,10 +289,6 @@ class _Where:
         return ProfileError(f"{self.path}:{line}: {where}: {message}")
 
 
-def _key_line(data: _Map, key: str) -> int:
-    return data.lines.get(key, data.line)
-
-
 def _check_keys(w: _Where, data: _Map, allowed: tuple[str, ...], where: str) -> None:
     for key, line in data.lines.items():
         if key in allowed:

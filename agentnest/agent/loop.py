@@ -437,26 +437,20 @@ class Agent:
 
 
 def _interpreter() -> Any:
-    """The sessions module, compiled from the bundle's sources on first use."""
-    name = (__package__ or "") + ".interpreter"
-    mod = sys.modules.get(name)
+    """The sessions module, compiled on first use.
+
+    Shipped by the bootstrap, it is defined from the bundle's sources by the
+    bootstrap's own loader; from a package on disk (tests), imported.
+    """
+    mod = sys.modules.get((__package__ or "") + ".interpreter")
     if mod is not None:
         return mod
-    pkg = sys.modules.get(__package__ or "")
-    src = (getattr(pkg, "sources", None) or {}).get("interpreter")
-    if src is None:  # a real package on disk (tests, a checkout)
+    define = getattr(sys.modules.get(__package__ or ""), "define", None)
+    if define is None:
         from . import interpreter
 
         return interpreter
-    import types
-
-    mod = types.ModuleType(name)
-    mod.__package__ = __package__
-    mod.__file__ = "<agentnest-agent/interpreter.py>"
-    sys.modules[name] = mod
-    pkg.__dict__["interpreter"] = mod  # as an import would bind it
-    exec(compile(src, mod.__file__, "exec"), mod.__dict__)  # noqa: S102 - our own shipped source
-    return mod
+    return define("interpreter")
 
 
 def main() -> None:

@@ -8,7 +8,6 @@ it has not checked.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..agent import interpreter, wire
 from ..agent.wire import PROTOCOL_VERSION, Decoder, Frame, Header, WireError, encode
@@ -231,7 +230,3 @@ def error_fields(h: Header) -> tuple[str, str]:
         code[:40] if isinstance(code, str) else "unknown",
         msg[:2000] if isinstance(msg, str) else "agent reported an error",
     )
-
-
-def field(h: Header, key: str, default: Any = None) -> Any:
-    return h.get(key, default)

@@ -46,16 +46,19 @@ def load():
     mods = json.loads(zlib.decompress(b.read(n)))
     pkg = types.ModuleType("%(pkg)s"); pkg.__path__ = []; pkg.__package__ = "%(pkg)s"
     sys.modules["%(pkg)s"] = pkg
-    for name, src in mods:
-        if name in LAZY:
-            continue
+    def define(name, src):
         m = types.ModuleType("%(pkg)s." + name); m.__package__ = "%(pkg)s"
         m.__file__ = "<agentnest-agent/" + name + ".py>"
         sys.modules[m.__name__] = m; setattr(pkg, name, m)
         exec(compile(src, m.__file__, "exec"), m.__dict__)
+        return m
+    for name, src in mods:
+        if name not in LAZY:
+            define(name, src)
     # Python sessions start from these (there are no files); keep only what
     # they need, an idle sandbox's memory is counted.
     pkg.sources = dict((k, v) for k, v in mods if k in ("wire", "interpreter"))
+    pkg.define = lambda name: define(name, pkg.sources[name])  # lazy modules
     del mods
     return sys.modules["%(pkg)s.loop"]
 if sys.argv[1] == "keeper":

@@ -63,8 +63,14 @@ def test_restarted_agent_killed_during_a_call_is_noticed_at_once(sandbox: Sandbo
 def test_agent_killed_between_calls(backend_name: str) -> None:
     with Sandbox(backend=backend_name, timeout=120) as sb:
         sb.write_file("keep.txt", "keep")
+        channel = sb._channel
+        assert channel is not None
         sb.exec_shell("agent=$PPID; (sleep 0.2; kill -9 $agent) >/dev/null 2>&1 &").check()
-        time.sleep(1.5)
+        # Wait for the agent's death to reach the host (PID 1's notice), not a fixed time.
+        deadline = time.monotonic() + 10
+        while channel.alive:
+            assert time.monotonic() < deadline, "the host never learned that the agent died"
+            time.sleep(0.05)
         # No per-call timeout: only noticing the dead agent can make this return.
         call = Background(lambda: sb.exec_shell("cat keep.txt"))
         finished = call.join(10)

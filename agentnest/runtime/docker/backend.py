@@ -61,7 +61,6 @@ class DockerSpec:
             must be registered with the engine.
         docker_host: engine address; ``None`` reads ``DOCKER_HOST`` as the
             Docker CLI does.
-        log_max_size: ceiling of the container's log file.
         pull: try ``docker pull`` when an image is missing.
         python: the interpreter in the image that runs the agent.
     """
@@ -69,7 +68,6 @@ class DockerSpec:
     type: str = "docker"
     oci_runtime: str = "runc"
     docker_host: str | None = None
-    log_max_size: str = "1m"
     pull: bool = True
     python: str = "python3"
 
