@@ -80,6 +80,15 @@ class RuntimeBackend(ABC):
         """What this backend can do and enforce."""
         return frozenset()
 
+    @property
+    def oci_runtime(self) -> str | None:
+        """The OCI runtime its sandboxes run under (``runc``, ``runsc``...); None if it cannot say.
+
+        ``SecurityPolicy.required_runtime`` is checked against it: a backend
+        that cannot say is refused whenever a policy requires a runtime.
+        """
+        return None
+
     @abstractmethod
     def create(self, config: SandboxConfig) -> SandboxHandle:
         """Create and start a sandbox whose agent waits for its bundle.

@@ -170,6 +170,11 @@ class DockerBackend(RuntimeBackend):
                     "/etc/docker/daemon.json (`make engine` does) and reload dockerd"
                 )
 
+    @property
+    def oci_runtime(self) -> str:
+        # runsc-host is gVisor too (with host networking in the container's namespace).
+        return "runsc" if self.spec.oci_runtime.startswith("runsc") else self.spec.oci_runtime
+
     def capabilities(self) -> frozenset[Capability]:
         caps = {
             Capability.NETWORK_DENIED,
