@@ -146,6 +146,12 @@ def _freeze_env(env: Mapping[str, str | Secret] | None) -> Mapping[str, str | Se
         if "\x00" in raw:
             raise ConfigurationError(f"environment[{k!r}] contains a NUL byte")
         out[k] = v
+    for k, v in out.items():
+        if isinstance(v, Secret) and v.as_file and f"{k}_FILE" in out:
+            raise ConfigurationError(
+                f"environment[{k!r}] is a Secret with as_file=True, which sets {k}_FILE to its path; "
+                f"do not set {k}_FILE yourself"
+            )
     return MappingProxyType(out)
 
 
@@ -220,6 +226,29 @@ class SandboxConfig:
     def secrets(self) -> tuple[str, ...]:
         """The raw values of every ``Secret`` in the environment."""
         return tuple(v.get_secret_value() for v in self.environment.values() if isinstance(v, Secret))
+
+    @property
+    def secret_files(self) -> dict[str, str]:
+        """``NAME: value`` of every ``Secret(..., as_file=True)``: written to files, never to the environment."""
+        return {
+            k: v.get_secret_value() for k, v in self.environment.items() if isinstance(v, Secret) and v.as_file
+        }
+
+    def container_environment(self) -> dict[str, str]:
+        """The environment a backend gives the container: plain values, secrets' values,
+        and ``NAME_FILE`` paths for secrets injected as files.
+
+        .. versionadded:: 0.4.0
+        """
+        from .secrets import SECRET_DIR
+
+        out: dict[str, str] = {}
+        for k, v in self.environment.items():
+            if isinstance(v, Secret) and v.as_file:
+                out[f"{k}_FILE"] = f"{SECRET_DIR}/{k}"
+            else:
+                out[k] = v.get_secret_value() if isinstance(v, Secret) else v
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,9 +218,7 @@ class DockerBackend(RuntimeBackend):
             "PYTHONUNBUFFERED": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        env.update(
-            {k: (v if isinstance(v, str) else v.get_secret_value()) for k, v in config.environment.items()}
-        )
+        env.update(config.container_environment())
         env["AGENTNEST_WORKSPACE"] = config.workdir
         api = self.api
         import docker.types
