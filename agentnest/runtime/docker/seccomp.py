@@ -15,6 +15,10 @@ aid, including several that older engines' default profiles still allow:
 * ``bpf``, ``perf_event_open``, ``keyctl``/``add_key``/``request_key``,
   ``ptrace``, ``process_vm_*``, ``kcmp``, ``pidfd_getfd``: cross-process and
   kernel-object access;
+* ``socket(AF_VSOCK, ...)``: vsock is not network-namespaced, so on a
+  host that is itself a VM (Firecracker, QEMU, Hyper-V) it would reach the
+  hypervisor's side straight past ``network=none`` (Docker's default profile
+  refuses it too);
 * everything Docker's default profile blocks (mount, module loading, kexec,
   reboot, clock setting, swap, quotas, ``open_by_handle_at``, ...).
 
@@ -30,6 +34,8 @@ from typing import Any
 
 EPERM = 1
 ENOSYS = 38
+#: The address family of virtio/VMCI sockets between a VM and its host.
+AF_VSOCK = 40
 
 DENIED = (
     # io_uring and userfaultfd
@@ -133,6 +139,12 @@ def profile(arch: str = "x86_64") -> dict[str, Any]:
     rules: list[dict[str, Any]] = [
         {"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
         {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
+        {
+            "names": ["socket"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": EPERM,
+            "args": [{"index": 0, "value": AF_VSOCK, "op": "SCMP_CMP_EQ"}],
+        },
     ]
     for flag in _NS_FLAGS:
         rules.append(
