@@ -2,6 +2,7 @@
 
 from ._version import __version__
 from .aio import AsyncExecutionStream, AsyncPythonSession, AsyncSandbox, AsyncSessionStream
+from .approvals import ApprovalRequest
 from .config import (
     Artifact,
     ExecutionChunk,
@@ -33,7 +34,6 @@ from .errors import (
     UnsupportedCapabilityError,
 )
 from .events import EventType, JsonLogObserver, MemoryObserver, OpenTelemetryObserver, SandboxEvent
-from .guard import ApprovalRequest
 from .policy import NetworkMode, NetworkPolicy, SecurityPolicy
 from .pool import AsyncSandboxPool, PoolStats, SandboxPool
 from .profiles import Profile

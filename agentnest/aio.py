@@ -37,6 +37,7 @@ result is used exactly as a sync hook's would be: falsy or raising denies.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -60,15 +61,17 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
+from .approvals import ApprovalHook
 from .channel.client import ExecHandle
 from .channel.protocol import RawExit
 from .config import Artifact, ExecutionChunk, ExecutionResult, FileInfo, SandboxConfig, SnapshotMetadata
 from .errors import ChannelError, ConfigurationError, ExecutionError, ExecutionTimeoutError
 from .events import Observer
-from .guard import ApprovalHook, StreamDecoder
+from .guard import StreamDecoder
 from .policy import SecurityPolicy
+from .profiles import Profile
 from .runtime.base import RuntimeBackend
-from .sandbox import _MAX_INLINE_CODE, Sandbox, _text
+from .sandbox import _MAX_INLINE_CODE, Sandbox, _text, with_profile
 from .secrets import Secret
 from .session import PythonSession, SessionResult, SessionStream
 
@@ -138,12 +141,21 @@ class _LoopBridge:
         return call
 
     def wrap_hooks(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """``observers`` and ``approval_hook`` of Sandbox arguments, wrapped."""
+        """``observers``, ``approval_hook`` and the policy's hook of Sandbox arguments, wrapped."""
         hooks: dict[str, Any] = {}
         if "observers" in kwargs:
             hooks["observers"] = tuple(self.wrap(o) for o in kwargs["observers"])
         if kwargs.get("approval_hook") is not None:
             hooks["approval_hook"] = self.wrap(kwargs["approval_hook"])
+        policy = kwargs.get("security_policy")
+        hook = policy.approval_hook if isinstance(policy, SecurityPolicy) else None
+        if (
+            isinstance(policy, SecurityPolicy)
+            and hook is not None
+            and not getattr(hook, "agentnest_inline", False)
+        ):
+            # Awaited in this loop, like the sandbox's own hook.
+            hooks["security_policy"] = dataclasses.replace(policy, approval_hook=self.wrap(hook))
         return hooks
 
     def resolve(self, awaitable: Any) -> Any:
@@ -253,6 +265,7 @@ class AsyncSandbox:
         self._waits = anyio.CapacityLimiter(MAX_AWAITED_COMMANDS)
 
     @classmethod
+    @with_profile
     def create(
         cls,
         image: str | None = None,
@@ -272,6 +285,7 @@ class AsyncSandbox:
         security_policy: SecurityPolicy | None = None,
         observers: Sequence[Observer] = (),
         approval_hook: ApprovalHook | None = None,
+        profile: str | Profile | None = None,
     ) -> _Creation:
         """Provision a sandbox; the twin of ``Sandbox(...)`` (see there for the arguments).
 
@@ -296,8 +310,10 @@ class AsyncSandbox:
         }
 
         async def make() -> AsyncSandbox:
-            hooks = _LoopBridge().wrap_hooks({"observers": observers, "approval_hook": approval_hook})
-            return await _provision(functools.partial(Sandbox, image, timeout, **options, **hooks))
+            hooks = _LoopBridge().wrap_hooks(
+                {"observers": observers, "approval_hook": approval_hook, "security_policy": security_policy}
+            )
+            return await _provision(functools.partial(Sandbox, image, timeout, **{**options, **hooks}))
 
         return _Creation(make)
 

@@ -229,9 +229,11 @@ class SandboxConfig:
 
     @property
     def secret_files(self) -> dict[str, str]:
-        """``NAME: value`` of every ``Secret(..., as_file=True)``: written to files, never to the environment."""
+        """``NAME: value`` of each ``Secret(..., as_file=True)``: written to files, not the environment."""
         return {
-            k: v.get_secret_value() for k, v in self.environment.items() if isinstance(v, Secret) and v.as_file
+            k: v.get_secret_value()
+            for k, v in self.environment.items()
+            if isinstance(v, Secret) and v.as_file
         }
 
     def container_environment(self) -> dict[str, str]:

@@ -8,43 +8,46 @@ before the guard has redacted it.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import functools
 import inspect
 import math
 import posixpath
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
+from .approvals import ApprovalHook, ApprovalRequest, command_line
+
+__all__ = ["ApprovalRequest", "Guard", "StreamDecoder", "scrub_errors"]
 from .channel.protocol import RawExit
 from .config import ExecutionChunk, ExecutionResult, SandboxConfig
-from .errors import ConfigurationError, FileAccessError, PolicyDeniedError, UnsupportedCapabilityError
+from .errors import (
+    AgentNestError,
+    ConfigurationError,
+    FileAccessError,
+    PolicyDeniedError,
+    UnsupportedCapabilityError,
+)
 from .events import EventType, Observer, SandboxEvent
 from .policy import NetworkMode, SecurityPolicy
 from .runtime.base import Capability
-from .secrets import Secret, StreamRedactor, redact
+from .secrets import Secret, StreamRedactor, expand, redact
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Longest single argument Linux accepts (MAX_ARG_STRLEN).
 MAX_ARG = 128 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class ApprovalRequest:
-    """What an approval hook is asked to allow.
-
-    .. versionadded:: 0.4.0
-    """
-
-    kind: str
-    """``exec``, ``file.read``, ``file.write``, ``file.remove``, ``network``..."""
-    sandbox_id: str
-    details: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+#: Longest string kept in an event's data (commands, code, paths).
+MAX_EVENT_TEXT = 4096
 
 
-ApprovalHook = Callable[[ApprovalRequest], Any]
+class _HookTimeout(Exception):
+    pass
 
 
 class Guard:
@@ -61,17 +64,37 @@ class Guard:
         self.policy = policy
         self.observers = tuple(observers)
         self.approval_hook = approval_hook
+        if approval_hook is not None and not callable(approval_hook):
+            raise ConfigurationError("approval_hook must be a callable taking an ApprovalRequest")
+        # The policy's hook (an organisation's rules) is asked first; both must allow.
+        self.hooks: tuple[ApprovalHook, ...] = tuple(
+            h for h in (policy.approval_hook, approval_hook) if h is not None
+        )
         self.sandbox_id = "pending"
-        self.secrets: tuple[str, ...] = config.secrets
+        self.secrets: tuple[str, ...] = ()
+        self._forms: tuple[str, ...] = ()
+        for value in config.secrets:
+            self.add_secret(value)
 
     # -- creation --------------------------------------------------------------
 
-    def check_create(self, capabilities: frozenset[Capability]) -> None:
-        reason = self.policy.check_image(self.config.image)
+    def check_create(self, capabilities: frozenset[Capability], runtime: str | None = None) -> None:
+        """Refuse, before anything exists, what the policy forbids or the backend cannot enforce."""
+        reason = self.policy.check_image(self.config.image) or self.policy.check_limits(self.config)
         if reason:
             self.deny("sandbox.create", reason)
         if self.policy.read_only_root and not self.config.read_only_root:
             self.deny("sandbox.create", "the security policy requires a read-only root filesystem")
+        reason = self.policy.check_runtime(runtime)
+        if reason:
+            self.deny("sandbox.create", reason)
+        self.check_capabilities(capabilities)
+        mode = self.config.network.mode
+        if mode is not NetworkMode.DENIED:
+            self.approve("network", {"mode": mode.value, "domains": list(self.config.network.domains)})
+
+    def check_capabilities(self, capabilities: frozenset[Capability]) -> None:
+        """Fail closed: a setting the backend cannot enforce refuses the sandbox."""
         mode = self.config.network.mode
         needed = {
             NetworkMode.DENIED: Capability.NETWORK_DENIED,
@@ -82,39 +105,62 @@ class Guard:
             raise UnsupportedCapabilityError(
                 f"this backend cannot enforce network mode {mode.value!r}; no sandbox was created"
             )
+        if Capability.RESOURCE_LIMITS not in capabilities:
+            raise UnsupportedCapabilityError(
+                "this backend cannot enforce memory, CPU and PID limits; no sandbox was created"
+            )
+        if self.config.read_only_root and Capability.READ_ONLY_ROOT not in capabilities:
+            raise UnsupportedCapabilityError(
+                "this backend cannot keep the root filesystem read-only; pass read_only_root=False "
+                "(if the policy allows it) or use another backend; no sandbox was created"
+            )
         if self.config.limits.gpus and Capability.GPU not in capabilities:
             raise UnsupportedCapabilityError("this backend cannot pass GPUs through")
-        if mode is not NetworkMode.DENIED:
-            self.approve("network", {"mode": mode.value, "domains": list(self.config.network.domains)})
 
     # -- approvals and events --------------------------------------------------
 
     def deny(self, kind: str, reason: str, details: Mapping[str, Any] | None = None) -> None:
         self.emit(EventType.POLICY_DENIED, {"kind": kind, "reason": reason, **(details or {})})
         raise PolicyDeniedError(
-            f"{kind} denied: {reason}", request=ApprovalRequest(kind, self.sandbox_id, details or {})
+            self.redact(f"{kind} denied: {reason}"),
+            request=ApprovalRequest(kind, self.sandbox_id, MappingProxyType(dict(details or {}))),
         )
 
     def approve(self, kind: str, details: Mapping[str, Any]) -> None:
-        if self.approval_hook is None:
+        """Ask every approval hook; raise :class:`PolicyDeniedError` unless all allow.
+
+        A hook that raises, returns something falsy, or does not answer within
+        the policy's ``approval_timeout`` denies.  Details are redacted
+        before any hook sees them.
+        """
+        if not self.hooks:
             return
-        request = ApprovalRequest(kind, self.sandbox_id, MappingProxyType(dict(details)))
-        try:
-            answer = self.approval_hook(request)
-        except Exception as exc:
-            # A hook that fails does not approve anything.
-            self.deny(kind, f"the approval hook raised {type(exc).__name__}: {exc}", details)
-        if inspect.isawaitable(answer):
-            # A coroutine object is truthy: never mistake it for a yes.
-            close = getattr(answer, "close", None)
-            if close is not None:
-                close()
-            self.deny(
-                kind, "the approval hook is async; use it with AsyncSandbox or pass a sync hook", details
-            )
-        if not answer:
-            self.deny(kind, "the approval hook refused", details)
+        details = self._redact_data(dict(details))
+        request = ApprovalRequest(kind, self.sandbox_id, MappingProxyType(details))
+        self.emit(EventType.APPROVAL_REQUESTED, {"kind": kind, **details})
+        for hook in self.hooks:
+            reason = self._ask(hook, request)
+            if reason is not None:
+                self.emit(EventType.APPROVAL_DENIED, {"kind": kind, "reason": reason})
+                self.deny(kind, reason, details)
         self.emit(EventType.APPROVAL_GRANTED, {"kind": kind})
+
+    def _ask(self, hook: ApprovalHook, request: ApprovalRequest) -> str | None:
+        """Why ``hook`` denies ``request``, or None if it allows it."""
+        timeout = self.policy.approval_timeout
+        try:
+            if getattr(hook, "agentnest_inline", False):
+                answer = hook(request)  # the built-ins: pure, immediate
+            else:
+                answer = _call_bounded(hook, request, timeout)
+        except _HookTimeout:
+            return f"the approval hook did not answer within {timeout:g}s"
+        except Exception as exc:
+            return f"the approval hook raised {type(exc).__name__}: {exc}"
+        if inspect.isawaitable(answer):  # an inline hook must not return one
+            _close(answer)
+            return "the approval hook returned an awaitable where an answer was expected"
+        return None if answer else "the approval hook refused"
 
     def emit(self, kind: EventType, data: Mapping[str, Any]) -> None:
         if not self.observers:
@@ -124,14 +170,29 @@ class Guard:
             observer(event)
 
     def _redact_data(self, data: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in data.items():
-            if isinstance(v, str):
-                v = self.redact(v)
-            elif isinstance(v, list):
-                v = [self.redact(x) if isinstance(x, str) else x for x in v]
-            out[k] = v
-        return out
+        return {k: self._redact_value(v, 0) for k, v in data.items()}
+
+    def _redact_value(self, value: Any, depth: int) -> Any:
+        if isinstance(value, str):
+            text = self.redact(value)
+            return text if len(text) <= MAX_EVENT_TEXT else text[:MAX_EVENT_TEXT] + "..."
+        if depth >= 4:
+            return value if isinstance(value, (int, float, bool, type(None))) else repr(type(value))
+        if isinstance(value, (list, tuple)):
+            return [self._redact_value(v, depth + 1) for v in value[:256]]
+        if isinstance(value, Mapping):
+            return {str(k): self._redact_value(v, depth + 1) for k, v in list(value.items())[:256]}
+        return value
+
+    def scrub(self, exc: BaseException) -> None:
+        """Redact secrets from an exception's message and text attributes, in place."""
+        if not self._forms or not isinstance(exc, AgentNestError):
+            return
+        exc.args = tuple(self.redact(a) if isinstance(a, str) else a for a in exc.args)
+        for name in ("path", "member"):
+            value = getattr(exc, name, None)
+            if isinstance(value, str):
+                setattr(exc, name, self.redact(value))
 
     # -- commands --------------------------------------------------------------
 
@@ -179,17 +240,18 @@ class Guard:
                 raise ConfigurationError(f"environment[{k!r}] must be a str without NUL bytes")
             call_env[k] = v
         workdir = self.workdir_path(cwd) if cwd is not None else None
-        self.approve("exec", {"argv": [self.redact(a) for a in args], "cwd": workdir})
+        self.approve("exec", {"argv": args, "command": command_line(args), "cwd": workdir})
         self.emit(EventType.EXEC_STARTED, {"argv": args[:64], "timeout": timeout})
         return args, call_env, workdir, float(timeout) if timeout is not None else None
 
     def add_secret(self, value: str) -> None:
-        """Redact ``value`` for the rest of the sandbox's life."""
+        """Redact ``value`` (and its encoded forms) for the rest of the sandbox's life."""
         if value and value not in self.secrets:
             self.secrets = (*self.secrets, value)
+            self._forms = expand(self.secrets)
 
     def redact(self, text: str) -> str:
-        return redact(text, self.secrets) if self.secrets else text
+        return redact(text, self._forms) if self._forms else text
 
     def finish_exec(self, raw: RawExit, stdout: bytes, stderr: bytes, truncated: bool) -> ExecutionResult:
         result = ExecutionResult(
@@ -208,14 +270,17 @@ class Guard:
         return result
 
     def stream_decoder(self) -> StreamDecoder:
-        return StreamDecoder(self.secrets)
+        return StreamDecoder(self._forms)
 
     # -- files -----------------------------------------------------------------
 
+    def absolute(self, rel: str) -> str:
+        """The absolute path in the sandbox of a workspace-relative one."""
+        return posixpath.join(self.config.workdir, rel) if rel else self.config.workdir
+
     def workdir_path(self, path: str) -> str:
         """An absolute path inside the workspace (for cwd)."""
-        rel = self.workspace_path(path)
-        return posixpath.join(self.config.workdir, rel) if rel else self.config.workdir
+        return self.absolute(self.workspace_path(path))
 
     def workspace_path(self, path: str) -> str:
         """Normalise a user path to a workspace-relative one, or refuse it.
@@ -268,3 +333,100 @@ class StreamDecoder:
             if text:
                 out.append(ExecutionChunk("stdout" if fd == 1 else "stderr", text))
         return out
+
+
+def _call_bounded(hook: ApprovalHook, request: ApprovalRequest, timeout: float) -> Any:
+    """Call ``hook`` in a worker thread and wait at most ``timeout`` seconds.
+
+    A coroutine it returns runs to completion in that thread's own event
+    loop.  A hook that hangs is abandoned (a thread cannot be killed) and
+    the request denied: an unanswered question is never a yes.
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            answer = hook(request)
+            if inspect.isawaitable(answer):
+                answer = asyncio.run(_wait(answer))
+            box["answer"] = answer
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="agentnest-approval", daemon=True).start()
+    if not done.wait(timeout):
+        raise _HookTimeout
+    if "error" in box:
+        raise box["error"]
+    return box["answer"]
+
+
+async def _wait(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _close(awaitable: Any) -> None:
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
+
+
+_C = TypeVar("_C", bound=type)
+
+
+def scrub_errors(cls: _C) -> _C:
+    """Class decorator: errors leaving a public method have secrets redacted.
+
+    The instance's guard is ``self._guard`` (or that of ``self._sandbox`` or
+    ``self._session``).
+    A message can quote what the sandbox sent (an agent's error, a path, a
+    traceback line), so every public method of the public classes passes
+    its errors through :meth:`Guard.scrub` on the way out.
+    """
+    wrapped: dict[int, Callable[..., Any]] = {}  # aliases (close = destroy) stay aliases
+    for name, attr in list(vars(cls).items()):
+        if (name.startswith("_") and name not in ("__iter__", "_iterate")) or not inspect.isfunction(attr):
+            continue
+        if id(attr) not in wrapped:
+            wrapped[id(attr)] = _scrubbing(attr)
+        setattr(cls, name, wrapped[id(attr)])
+    return cls
+
+
+def _guard_of(obj: Any) -> Guard | None:
+    for owner in (obj, getattr(obj, "_sandbox", None), getattr(obj, "_session", None)):
+        guard = getattr(owner, "_guard", None)
+        if isinstance(guard, Guard):
+            return guard
+    return None
+
+
+def _scrubbing(fn: Callable[..., Any]) -> Callable[..., Any]:
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def generator(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            try:
+                yield from fn(self, *args, **kwargs)
+            except AgentNestError as exc:
+                guard = _guard_of(self)
+                if guard is not None:
+                    guard.scrub(exc)
+                raise
+
+        return generator
+
+    @functools.wraps(fn)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except AgentNestError as exc:
+            guard = _guard_of(self)
+            if guard is not None:
+                guard.scrub(exc)
+            raise
+
+    return call

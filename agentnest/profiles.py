@@ -27,6 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from .approvals import APPROVAL_KINDS, ApprovalRule, RuleApprover
 from .config import ResourceLimits, _freeze_env, parse_size
 from .errors import ConfigurationError, MissingDependencyError, ProfileError
 from .policy import NetworkPolicy, SecurityPolicy
@@ -36,41 +37,34 @@ ENV_VAR = "AGENTNEST_PROFILE_FILE"
 DEFAULT_FILE = "agentnest.yaml"
 """File name looked for in the working directory."""
 
-APPROVAL_KINDS = (
-    "exec",
-    "file.list",
-    "file.read",
-    "file.remove",
-    "file.write",
-    "fork",
-    "network",
-    "restore",
-    "session.run",
-    "snapshot",
-)
-"""Operation kinds an approval rule may name (as in ``ApprovalRequest.kind``)."""
-
 _PROFILE_KEYS = (
     "allowed_images",
+    "approval_timeout",
     "approvals",
     "backend",
     "cpus",
     "environment",
     "extends",
     "image",
+    "max_cpus",
     "max_file_bytes",
+    "max_memory",
     "max_output_bytes",
+    "max_pids",
+    "max_timeout",
     "memory",
     "network",
     "pids",
     "read_only_root",
     "require_image_digest",
+    "required_runtime",
     "scratch_size",
     "timeout",
     "workspace_size",
 )
 _TOP_KEYS = ("default", "profiles")
 _RULE_KEYS = ("action", "kind", "match")
+_RULES_FILE_KEYS = ("default", "rules")
 _ALLOWLIST_KEYS = ("cidrs", "domains", "ports")
 
 
@@ -103,29 +97,6 @@ def find_profile_file(explicit: str | os.PathLike[str] | None = None) -> Path | 
         return path
     path = Path.cwd() / DEFAULT_FILE
     return path if path.is_file() else None
-
-
-@dataclass(frozen=True, slots=True)
-class ApprovalRule:
-    """One approval rule of a profile: parsed and validated, not yet evaluated.
-
-    .. versionadded:: 0.4.0
-    """
-
-    kind: str
-    """Operation kind, one of :data:`APPROVAL_KINDS`."""
-    match: str
-    """Glob pattern on the command (``exec``) or the path (``file.*``)."""
-    action: str
-    """``allow`` or ``deny``."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in APPROVAL_KINDS:
-            raise ConfigurationError(f"kind {self.kind!r} is unknown; use one of {', '.join(APPROVAL_KINDS)}")
-        if not isinstance(self.match, str) or not self.match:
-            raise ConfigurationError("match must be a non-empty glob pattern")
-        if self.action not in ("allow", "deny"):
-            raise ConfigurationError(f"action {self.action!r} is unknown; use 'allow' or 'deny'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,11 +293,18 @@ def _parse_profile(w: _Where, name: str, raw: _Map) -> dict[str, Any]:
     for key, value in raw.items():
         line = raw.lines[key]
         where = f"{base}.{key}"
-        if key in ("image", "backend", "extends"):
+        if key in ("image", "backend", "extends", "required_runtime"):
             if not isinstance(value, str) or not value.strip():
                 raise w.error(line, where, f"must be a non-empty string, not {_kind(value)}")
             out[key] = value
-        elif key in ("memory", "workspace_size", "scratch_size", "max_output_bytes", "max_file_bytes"):
+        elif key in (
+            "memory",
+            "workspace_size",
+            "scratch_size",
+            "max_output_bytes",
+            "max_file_bytes",
+            "max_memory",
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, str)):
                 raise w.error(line, where, f"must be a size like '512m' or a byte count, not {_kind(value)}")
             try:
@@ -335,11 +313,11 @@ def _parse_profile(w: _Where, name: str, raw: _Map) -> dict[str, Any]:
                 if isinstance(value, str):
                     raise w.error(line, where, f"{value!r} is not a size; write it like '512m'") from None
                 raise w.error(line, where, f"{value!r} must be a positive byte count") from None
-        elif key in ("timeout", "cpus"):
+        elif key in ("timeout", "cpus", "max_cpus", "max_timeout", "approval_timeout"):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise w.error(line, where, f"must be a number, not {_kind(value)}")
             out[key] = float(value)
-        elif key == "pids":
+        elif key in ("pids", "max_pids"):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise w.error(line, where, f"must be an integer, not {_kind(value)}")
             out[key] = value
@@ -407,7 +385,18 @@ def _parse_network(w: _Where, value: Any, line: int, where: str) -> NetworkPolic
         raise w.error(value.lines["allowlist"], f"{where}.allowlist", str(exc)) from None
 
 
-def _parse_approvals(w: _Where, value: Any, line: int, where: str) -> tuple[ApprovalRule, ...]:
+def _parse_approvals(w: _Where, value: Any, line: int, where: str) -> RuleApprover:
+    """A rule list (first match wins, anything else denied) or ``{default: ..., rules: [...]}``."""
+    default = "deny"
+    if isinstance(value, _Map):
+        _check_keys(w, value, _RULES_FILE_KEYS, where)
+        if "default" in value:
+            default = value["default"]
+            if default not in ("allow", "deny"):
+                raise w.error(value.lines["default"], f"{where}.default", "must be 'allow' or 'deny'")
+        if "rules" not in value:
+            raise w.error(value.line, where, "missing 'rules'")
+        line, value, where = value.lines["rules"], value["rules"], f"{where}.rules"
     if not isinstance(value, _Seq):
         raise w.error(line, where, f"must be a list of rules, not {_kind(value)}")
     rules = []
@@ -425,7 +414,7 @@ def _parse_approvals(w: _Where, value: Any, line: int, where: str) -> tuple[Appr
         except ConfigurationError as exc:
             bad = next((k for k in _RULE_KEYS if k in str(exc).split()[0]), "kind")
             raise w.error(rule.lines[bad], f"{iwhere}.{bad}", str(exc)) from None
-    return tuple(rules)
+    return RuleApprover(rules, default)
 
 
 _POLICY_KEYS = (
@@ -435,13 +424,22 @@ _POLICY_KEYS = (
     "require_image_digest",
     "allowed_images",
     "read_only_root",
+    "required_runtime",
+    "max_memory",
+    "max_cpus",
+    "max_pids",
+    "max_timeout",
+    "approval_timeout",
 )
 
 
 def _build(w: _Where, name: str, settings: dict[str, Any], line: int) -> Profile:
     where = f"profiles.{name}"
     try:
-        policy = SecurityPolicy(**{k: settings[k] for k in _POLICY_KEYS if k in settings})
+        policy = SecurityPolicy(
+            **{k: settings[k] for k in _POLICY_KEYS if k in settings},
+            approval_hook=settings.get("approvals"),
+        )
     except ConfigurationError as exc:
         raise w.error(line, where, str(exc)) from None
     try:
@@ -468,10 +466,72 @@ def _build(w: _Where, name: str, settings: dict[str, Any], line: int) -> Profile
         workspace_size=settings.get("workspace_size"),
         scratch_size=settings.get("scratch_size"),
         environment=MappingProxyType(dict(settings.get("environment", {}))),
-        approvals=settings.get("approvals", ()),
+        approvals=settings["approvals"].rules if "approvals" in settings else (),
         security_policy=policy,
         read_only_root=settings.get("read_only_root"),
     )
+
+
+def profile_kwargs(profile: str | Profile, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Sandbox arguments: the profile's, overridden by those the caller passed explicitly.
+
+    A profile named by a string is looked up in the file :func:`find_profile_file`
+    finds.  ``environment`` is merged name by name (the caller wins); every other
+    argument the caller passed replaces the profile's, ``security_policy``
+    included (whole).
+    """
+    if isinstance(profile, str):
+        path = find_profile_file()
+        if path is None:
+            raise ProfileError(
+                f"profile {profile!r} asked for, but no profile file was found: set ${ENV_VAR} or put "
+                f"{DEFAULT_FILE} in the working directory (or pass profile=load_profiles(path).get(name))"
+            )
+        profile = load_profiles(path).get(profile)
+    if not isinstance(profile, Profile):
+        raise ConfigurationError(f"profile must be a profile name or a Profile, not {type(profile).__name__}")
+    merged = profile.sandbox_kwargs()
+    env = {**merged.get("environment", {}), **dict(given.get("environment") or {})}
+    merged.update(given)
+    if env:
+        merged["environment"] = env
+    return merged
+
+
+def _read_yaml(path: Path, what: str) -> tuple[_Where, Any]:
+    yaml = _import_yaml()
+    w = _Where(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path}: cannot read the {what}: {exc}") from None
+    try:
+        return w, yaml.load(text, Loader=_loader(yaml))  # a SafeLoader subclass
+    except _DuplicateKey as dup:
+        raise w.error(dup.line, str(dup.key), f"duplicate key (first at line {dup.first})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ProfileError(f"{path}:{line}: not valid YAML: {problem}") from None
+
+
+def load_rules(path: str | os.PathLike[str]) -> RuleApprover:
+    """Load approval rules from a YAML file (``RuleApprover.from_yaml``).
+
+    The file is ``{default: allow|deny, rules: [{kind, match, action}, ...]}``
+    or just the list of rules (``default: deny``).
+
+    Raises:
+        ProfileError: unreadable, invalid YAML or schema; ``file:line:`` first.
+    """
+    path = Path(path)
+    w, data = _read_yaml(path, "approval rules file")
+    if not isinstance(data, (_Map, _Seq)):
+        raise w.error(
+            1, "(top level)", f"must be a list of rules or a mapping with 'rules:', not {_kind(data)}"
+        )
+    return _parse_approvals(w, data, getattr(data, "line", 1), "(top level)")
 
 
 def load_profiles(path: str | os.PathLike[str]) -> ProfileSet:
@@ -488,21 +548,7 @@ def load_profiles(path: str | os.PathLike[str]) -> ProfileSet:
         MissingDependencyError: pyyaml is not installed.
     """
     path = Path(path)
-    yaml = _import_yaml()
-    w = _Where(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{path}: cannot read the profile file: {exc}") from None
-    try:
-        data = yaml.load(text, Loader=_loader(yaml))  # a SafeLoader subclass
-    except _DuplicateKey as dup:
-        raise w.error(dup.line, str(dup.key), f"duplicate key (first at line {dup.first})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ProfileError(f"{path}:{line}: not valid YAML: {problem}") from None
+    w, data = _read_yaml(path, "profile file")
     if not isinstance(data, _Map):
         raise w.error(1, "(top level)", f"must be a mapping with 'profiles:', not {_kind(data)}")
     _check_keys(w, data, _TOP_KEYS, "")
@@ -557,4 +603,6 @@ __all__ = [
     "ProfileSet",
     "find_profile_file",
     "load_profiles",
+    "load_rules",
+    "profile_kwargs",
 ]

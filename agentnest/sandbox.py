@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from . import state as _state
+from .approvals import ApprovalHook
 from .channel.client import Channel, ExecHandle
 from .channel.protocol import RawExit
 from .config import (
@@ -24,6 +27,7 @@ from .config import (
     SnapshotMetadata,
 )
 from .errors import (
+    BackendError,
     ChannelError,
     ConfigurationError,
     ExecutionError,
@@ -32,12 +36,13 @@ from .errors import (
     SandboxDestroyedError,
 )
 from .events import EventType, Observer
-from .guard import ApprovalHook, Guard
+from .guard import Guard, scrub_errors
 from .policy import NetworkPolicy, SecurityPolicy
+from .profiles import Profile, profile_kwargs
 from .runtime import bootstrap
 from .runtime.base import RuntimeBackend, SandboxHandle
 from .runtime.registry import get_backend
-from .secrets import Secret
+from .secrets import SECRET_DIR, Secret
 from .session import PythonSession
 
 #: Extra time the host waits past a command's own timeout for the agent to
@@ -50,6 +55,46 @@ _FILE_WAIT_PER_MIB = 0.5
 _MAX_INLINE_CODE = 100 * 1024
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: Writes ``Secret(..., as_file=True)`` values (JSON on stdin) into SECRET_DIR.
+#: Private directory and 0400 files, no link followed, written then renamed.
+_WRITE_SECRET_FILES = f"""
+import json, os, stat, sys
+d = {SECRET_DIR!r}
+os.umask(0o077)
+try:
+    os.mkdir(d, 0o700)
+except FileExistsError:
+    pass
+st = os.lstat(d)
+if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+    sys.exit("refusing " + d + ": not our own directory")
+for name, value in json.load(sys.stdin).items():
+    path = os.path.join(d, name)
+    fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o400)
+    with os.fdopen(fd, "w") as f:
+        f.write(value)
+    os.replace(path + ".new", path)
+"""
+
+
+def with_profile(fn: _F) -> _F:
+    """Let ``profile=`` fill in every argument the caller did not pass explicitly."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        profile = kwargs.pop("profile", None)
+        if profile is None:
+            return fn(*args, **kwargs)
+        given = dict(signature.bind_partial(*args, **kwargs).arguments)
+        first = given.pop(next(iter(signature.parameters)))  # self or cls
+        return fn(first, **profile_kwargs(profile, given))
+
+    return call  # type: ignore[return-value]
+
+
 def default_image() -> str:
     """The image ``Sandbox()`` uses when none is given (built by ``agentnest image base``)."""
     from .runtime.docker.images import base_image
@@ -57,6 +102,7 @@ def default_image() -> str:
     return os.environ.get("AGENTNEST_IMAGE") or base_image()
 
 
+@scrub_errors
 class Sandbox:
     """A disposable, policy-controlled sandbox.
 
@@ -84,7 +130,12 @@ class Sandbox:
         security_policy: what the sandbox may do.
         observers: callables receiving every :class:`SandboxEvent`.
         approval_hook: called with an :class:`ApprovalRequest` before each
-            operation; a falsy answer or an exception denies it.
+            operation; a falsy answer, an exception or no answer within the
+            policy's ``approval_timeout`` denies it.  May be async.  The
+            policy's own ``approval_hook`` is asked too; both must allow.
+        profile: a profile name (looked up in ``agentnest.yaml``, see
+            docs/profiles.md) or a :class:`Profile`; arguments passed
+            explicitly override the profile's.
 
     Raises:
         ConfigurationError: an argument is invalid.
@@ -93,6 +144,7 @@ class Sandbox:
             could not provide the sandbox.
     """
 
+    @with_profile
     def __init__(
         self,
         image: str | None = None,
@@ -112,6 +164,7 @@ class Sandbox:
         security_policy: SecurityPolicy | None = None,
         observers: Sequence[Observer] = (),
         approval_hook: ApprovalHook | None = None,
+        profile: str | Profile | None = None,
     ) -> None:
         policy = security_policy or SecurityPolicy()
         network = policy.network
@@ -134,7 +187,7 @@ class Sandbox:
         if not isinstance(self._backend, RuntimeBackend):
             raise ConfigurationError("backend must be a backend name or a RuntimeBackend instance")
         self._guard = Guard(config, policy, observers, approval_hook)
-        self._guard.check_create(self._backend.capabilities())
+        self._guard.check_create(self._backend.capabilities(), self._backend.oci_runtime)
         self._lock = threading.Lock()
         self._channel: Channel | None = None
         self._destroyed = False
@@ -143,6 +196,8 @@ class Sandbox:
         self._mono_deadline = time.monotonic() + (self._handle.deadline - time.time())
         try:
             self._connect()
+            if config.secret_files:
+                self._write_secret_files(config.secret_files)
             # Inside the try: an observer that fails must not leave a
             # container behind that nobody holds a handle to.
             self._guard.emit(
@@ -194,6 +249,25 @@ class Sandbox:
         except ChannelError as exc:
             raise ChannelError(f"{exc}. Does the image {self.config.image!r} have python3?") from None
         return self._channel
+
+    def _write_secret_files(self, files: dict[str, str]) -> None:
+        # Through the channel, not exec(): no approval, no event, and the
+        # values travel on stdin, never in an argv that /proc shows.
+        handle = self._ch().start_exec(
+            ["python3", "-I", "-S", "-c", _WRITE_SECRET_FILES],
+            env={},
+            cwd=None,
+            timeout=30.0,
+            max_output=4096,
+            stdin=json.dumps(files).encode("utf-8"),
+        )
+        err: list[bytes] = []
+        for event in handle.events(time.monotonic() + 40.0):
+            if isinstance(event, tuple) and event[0] == 2:
+                err.append(event[1])
+        if handle.result is None or handle.result.code != 0:
+            detail = self._guard.redact(b"".join(err).decode("utf-8", "replace").strip()[-300:])
+            raise BackendError(f"could not write the secret files into {SECRET_DIR}: {detail}")
 
     def _ch(self) -> Channel:
         if self._destroyed:
@@ -467,7 +541,7 @@ class Sandbox:
                 path=path,
                 code="too_large",
             )
-        self._guard.approve("file.write", {"path": rel, "size": len(payload)})
+        self._guard.approve("file.write", {"path": self._guard.absolute(rel), "size": len(payload)})
         try:
             self._ch().write_file(rel, payload, mode, self._file_deadline(len(payload)))
         except ChannelError as exc:
@@ -484,7 +558,7 @@ class Sandbox:
                 workspace, over ``max_file_bytes``, or not valid in ``encoding``.
         """
         rel = self._guard.workspace_path(path)
-        self._guard.approve("file.read", {"path": rel})
+        self._guard.approve("file.read", {"path": self._guard.absolute(rel)})
         limit = self._guard.policy.max_file_bytes
         try:
             data = self._ch().read_file(rel, limit, self._file_deadline(limit))
@@ -510,7 +584,7 @@ class Sandbox:
     ) -> list[FileInfo]:
         """List a workspace directory (links are listed, never followed)."""
         rel = self._guard.workspace_path(path)
-        self._guard.approve("file.list", {"path": rel})
+        self._guard.approve("file.list", {"path": self._guard.absolute(rel)})
         reply = self._request(
             {"t": "list", "path": rel, "recursive": bool(recursive), "max_entries": max_entries}
         )
@@ -522,6 +596,7 @@ class Sandbox:
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists in the workspace (without following a final link)."""
         rel = self._guard.workspace_path(path)
+        self._guard.approve("file.list", {"path": self._guard.absolute(rel)})
         try:
             self._request({"t": "stat", "path": rel})
         except FileAccessError as exc:
@@ -533,13 +608,13 @@ class Sandbox:
     def mkdir(self, path: str, *, parents: bool = True) -> None:
         """Create a directory in the workspace."""
         rel = self._guard.workspace_path(path)
-        self._guard.approve("file.write", {"path": rel, "directory": True})
+        self._guard.approve("file.write", {"path": self._guard.absolute(rel), "directory": True})
         self._request({"t": "mkdir", "path": rel, "parents": parents})
 
     def remove_file(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file (or a directory tree with ``recursive=True``)."""
         rel = self._guard.workspace_path(path)
-        self._guard.approve("file.remove", {"path": rel, "recursive": recursive})
+        self._guard.approve("file.remove", {"path": self._guard.absolute(rel), "recursive": recursive})
         self._request({"t": "remove", "path": rel, "recursive": bool(recursive)})
         self._guard.emit(EventType.FILE_REMOVED, {"path": rel})
 
@@ -712,6 +787,7 @@ class Sandbox:
         return f"<Sandbox {self.id} image={self.config.image!r} {state}>"
 
 
+@scrub_errors
 class ExecutionStream:
     """Output of a running command, chunk by chunk.  Iterate it once."""
 

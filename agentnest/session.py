@@ -38,6 +38,7 @@ from .errors import (
     UnsupportedCapabilityError,
 )
 from .events import EventType
+from .guard import scrub_errors
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
@@ -133,6 +134,7 @@ class SessionResult:
         return self
 
 
+@scrub_errors
 class PythonSession:
     """A persistent Python interpreter in a sandbox.  Use :meth:`Sandbox.python_session`.
 
@@ -411,6 +413,7 @@ class PythonSession:
         return DisplayItem(raw.mime, self._guard.redact(raw.data.decode("utf-8", "replace")))
 
 
+@scrub_errors
 class SessionStream:
     """Output of code running in a session, chunk by chunk.  Iterate it once.
 

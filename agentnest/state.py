@@ -2152,7 +2152,7 @@ def download(sandbox: Sandbox, path: str, dest: str | os.PathLike[str]) -> Path:
     rel = guard.workspace_path(path)
     target_dir = Path(os.fspath(dest))
     sandbox._ch()
-    guard.approve("file.read", {"path": rel, "dest": str(target_dir)})
+    guard.approve("file.read", {"path": guard.absolute(rel), "dest": str(target_dir)})
     name = rel.rsplit("/", 1)[-1]
     prefix = name or PAYLOAD_PREFIX
     try:

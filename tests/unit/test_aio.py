@@ -68,7 +68,7 @@ class LocalBackend(RuntimeBackend):
         self.gate.set()
 
     def capabilities(self) -> frozenset[Capability]:
-        return frozenset({Capability.NETWORK_DENIED})
+        return frozenset({Capability.NETWORK_DENIED, Capability.RESOURCE_LIMITS, Capability.READ_ONLY_ROOT})
 
     def create(self, config: SandboxConfig) -> SandboxHandle:
         self.creating.set()
@@ -441,14 +441,22 @@ async def test_failing_or_sync_hooks_on_the_async_face(backend: LocalBackend) ->
             await sb.read_file("f")
 
 
-async def test_async_hook_on_a_wrapped_sync_sandbox_is_refused(backend: LocalBackend) -> None:
-    async def yes(request: ApprovalRequest) -> bool:
-        return True
+async def test_async_hook_on_a_wrapped_sync_sandbox_runs_in_its_own_loop(backend: LocalBackend) -> None:
+    # A sync Sandbox has no event loop of its own: the guard runs an async
+    # hook's coroutine on a private loop in the hook's thread.
+    seen: list[str] = []
 
-    sync = await anyio.to_thread.run_sync(lambda: Sandbox("local", backend=backend, approval_hook=yes))
+    async def only_exec(request: ApprovalRequest) -> bool:
+        await anyio.sleep(0)
+        seen.append(request.kind)
+        return request.kind == "exec"
+
+    sync = await anyio.to_thread.run_sync(lambda: Sandbox("local", backend=backend, approval_hook=only_exec))
     try:
-        with pytest.raises(PolicyDeniedError, match="async"):
-            await AsyncSandbox(sync).exec(["true"])
+        assert (await AsyncSandbox(sync).exec(["true"])).exit_code == 0
+        with pytest.raises(PolicyDeniedError, match="refused"):
+            await AsyncSandbox(sync).write_file("f", "x")
+        assert seen == ["exec", "file.write"]
     finally:
         await AsyncSandbox(sync).destroy()
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Callable, Coroutine
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,7 +26,15 @@ from agentnest.policy import NetworkPolicy, SecurityPolicy
 from agentnest.runtime.base import Capability
 from agentnest.secrets import REDACTED, Secret
 
-ALL_NETWORK = frozenset({Capability.NETWORK_DENIED, Capability.NETWORK_OPEN, Capability.EGRESS_DOMAINS})
+ALL_NETWORK = frozenset(
+    {
+        Capability.NETWORK_DENIED,
+        Capability.RESOURCE_LIMITS,
+        Capability.READ_ONLY_ROOT,
+        Capability.NETWORK_OPEN,
+        Capability.EGRESS_DOMAINS,
+    }
+)
 
 
 def make_guard(
@@ -255,7 +266,8 @@ def test_hook_sees_the_request() -> None:
     assert seen[0].details["cwd"] == "/workspace/sub"
     with pytest.raises(TypeError):
         seen[0].details["argv"] = []  # type: ignore[index]
-    assert obs.types() == ["approval.granted", "exec.started"]
+    assert obs.types() == ["approval.requested", "approval.granted", "exec.started"]
+    assert obs.events[0].data["command"] == "ls -l"
 
 
 @pytest.mark.parametrize("answer", [False, None, 0, "", [], {}], ids=repr)
@@ -267,8 +279,8 @@ def test_falsy_answer_denies(answer: Any) -> None:
     assert not isinstance(info.value, ValueError)
     assert isinstance(info.value.request, ApprovalRequest)
     assert info.value.request.kind == "exec"
-    assert obs.types() == ["policy.denied"]  # and no exec.started
-    denied = obs.events[0]
+    assert obs.types() == ["approval.requested", "approval.denied", "policy.denied"]  # no exec.started
+    denied = obs.events[-1]
     assert denied.type is EventType.POLICY_DENIED
     assert denied.data["kind"] == "exec"
     assert "refused" in denied.data["reason"]
@@ -282,27 +294,106 @@ def test_hook_raising_denies() -> None:
 
     with pytest.raises(PolicyDeniedError, match="RuntimeError"):
         exec_request(make_guard(hook, obs), ["true"])
-    assert obs.types() == ["policy.denied"]
-    assert "approval service down" in obs.events[0].data["reason"]
+    assert obs.types() == ["approval.requested", "approval.denied", "policy.denied"]
+    assert "approval service down" in obs.events[-1].data["reason"]
 
 
-def test_async_hook_on_the_sync_guard_does_not_approve() -> None:
-    coroutines: list[Coroutine[Any, Any, bool]] = []
+@pytest.mark.parametrize("answer", [True, False])
+def test_async_hook_on_the_sync_guard_is_awaited(answer: bool) -> None:
+    asked: list[str] = []
 
-    async def refuse(request: ApprovalRequest) -> bool:
-        return False
+    async def hook(request: ApprovalRequest) -> bool:
+        asked.append(request.kind)
+        return answer
 
-    def hook(request: ApprovalRequest) -> Coroutine[Any, Any, bool]:
-        coroutine = refuse(request)
-        coroutines.append(coroutine)
-        return coroutine
+    guard = make_guard(hook)
+    if answer:
+        exec_request(guard, ["true"])
+    else:
+        with pytest.raises(PolicyDeniedError, match="refused"):
+            exec_request(guard, ["true"])
+    assert asked == ["exec"]
 
+
+def test_hook_that_never_answers_denies_after_the_timeout() -> None:
+    release = threading.Event()
+    obs = MemoryObserver()
+
+    def hang(request: ApprovalRequest) -> bool:
+        release.wait(30)
+        return True
+
+    guard = Guard(
+        SandboxConfig(image="img"),
+        SecurityPolicy(approval_timeout=0.2),
+        observers=[obs],
+        approval_hook=hang,
+    )
+    started = time.monotonic()
     try:
-        with pytest.raises((PolicyDeniedError, ConfigurationError)):
-            exec_request(make_guard(hook), ["true"])
+        with pytest.raises(PolicyDeniedError, match=r"did not answer within 0.2s"):
+            exec_request(guard, ["true"])
     finally:
-        for coroutine in coroutines:
-            coroutine.close()  # never awaited: close it so no RuntimeWarning escapes
+        release.set()
+    assert time.monotonic() - started < 5
+    assert obs.types() == ["approval.requested", "approval.denied", "policy.denied"]
+
+
+def test_async_hook_that_never_answers_denies_after_the_timeout() -> None:
+    async def hang(request: ApprovalRequest) -> bool:
+        await asyncio.sleep(30)
+        return True
+
+    guard = Guard(SandboxConfig(image="img"), SecurityPolicy(approval_timeout=0.2), approval_hook=hang)
+    with pytest.raises(PolicyDeniedError, match="did not answer"):
+        exec_request(guard, ["true"])
+
+
+def test_policy_hook_and_sandbox_hook_must_both_allow() -> None:
+    asked: list[str] = []
+
+    def policy_hook(request: ApprovalRequest) -> bool:
+        asked.append("policy")
+        return request.kind != "file.remove"
+
+    def sandbox_hook(request: ApprovalRequest) -> bool:
+        asked.append("sandbox")
+        return request.kind != "file.write"
+
+    guard = Guard(
+        SandboxConfig(image="img"), SecurityPolicy(approval_hook=policy_hook), approval_hook=sandbox_hook
+    )
+    guard.approve("file.read", {"path": "/workspace/a"})
+    assert asked == ["policy", "sandbox"]
+    asked.clear()
+    with pytest.raises(PolicyDeniedError):
+        guard.approve("file.remove", {"path": "/workspace/a"})
+    assert asked == ["policy"]  # the first refusal decides; the second hook is not asked
+    asked.clear()
+    with pytest.raises(PolicyDeniedError):
+        guard.approve("file.write", {"path": "/workspace/a"})
+    assert asked == ["policy", "sandbox"]
+
+
+def test_a_hook_that_is_not_callable_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="callable"):
+        Guard(SandboxConfig(image="img"), SecurityPolicy(), approval_hook="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="callable"):
+        SecurityPolicy(approval_hook="yes")  # type: ignore[arg-type]
+
+
+def test_denial_message_and_reason_are_redacted() -> None:
+    obs = MemoryObserver()
+
+    def hook(request: ApprovalRequest) -> bool:
+        raise RuntimeError("cannot approve with key tok-abc123")
+
+    guard = make_guard(hook, obs, environment={"TOKEN": Secret("tok-abc123")})
+    with pytest.raises(PolicyDeniedError) as info:
+        exec_request(guard, ["true"])
+    assert "tok-abc123" not in str(info.value)
+    assert REDACTED in str(info.value)
+    assert all("tok-abc123" not in repr(e.to_dict()) for e in obs.events)
 
 
 def test_approval_argv_is_redacted() -> None:
@@ -411,7 +502,9 @@ def test_stream_decoder_keeps_streams_apart() -> None:
 
 
 def test_check_create_ok() -> None:
-    make_guard().check_create(frozenset({Capability.NETWORK_DENIED}))
+    make_guard().check_create(
+        frozenset({Capability.NETWORK_DENIED, Capability.RESOURCE_LIMITS, Capability.READ_ONLY_ROOT})
+    )
 
 
 def test_check_create_needs_the_network_capability() -> None:
@@ -419,7 +512,16 @@ def test_check_create_needs_the_network_capability() -> None:
         make_guard().check_create(frozenset())
     allowlist = make_guard(network=NetworkPolicy.allowlist(["example.com"]))
     with pytest.raises(UnsupportedCapabilityError):
-        allowlist.check_create(frozenset({Capability.NETWORK_DENIED, Capability.NETWORK_OPEN}))
+        allowlist.check_create(
+            frozenset(
+                {
+                    Capability.NETWORK_DENIED,
+                    Capability.RESOURCE_LIMITS,
+                    Capability.READ_ONLY_ROOT,
+                    Capability.NETWORK_OPEN,
+                }
+            )
+        )
     allowlist.check_create(ALL_NETWORK)
 
 

@@ -18,6 +18,7 @@ from agentnest import (
     Sandbox,
     SecurityPolicy,
 )
+from agentnest.approvals import RuleApprover
 from agentnest.profiles import ApprovalRule, Profile, find_profile_file, load_profiles
 
 GOOD = """\
@@ -139,7 +140,7 @@ def test_good_file_and_extends(tmp_path: Path) -> None:
         "workspace_size": 512 * 1024**2,
         "scratch_size": 32 * 1024**2,
         "environment": {"LANG": "C.UTF-8", "MODE": "base"},
-        "security_policy": SecurityPolicy(),
+        "security_policy": SecurityPolicy(approval_hook=RuleApprover(rules, "deny")),
     }
     strict = profiles.get("strict")
     assert strict.approvals == rules
@@ -158,6 +159,7 @@ def test_good_file_and_extends(tmp_path: Path) -> None:
             network=NetworkPolicy.allowlist(
                 domains=["pypi.org", "*.pythonhosted.org"], cidrs=["10.1.0.0/16"], ports=[443]
             ),
+            approval_hook=RuleApprover(rules, "deny"),
             max_output_bytes=1024**2,
             max_file_bytes=4194304,
             require_image_digest=True,
@@ -282,7 +284,15 @@ def test_malformed_yaml_reports_its_line(tmp_path: Path) -> None:
             "profiles.a.network.allowlist",
             "at least one",
         ),
-        ("    approvals: {kind: exec}\n", 3, "profiles.a.approvals", "must be a list of rules"),
+        ("    approvals: {kind: exec}\n", 3, "profiles.a.approvals.kind", "unknown key"),
+        ("    approvals: {default: allow}\n", 3, "profiles.a.approvals", "missing 'rules'"),
+        (
+            "    approvals: {rules: [], default: maybe}\n",
+            3,
+            "profiles.a.approvals.default",
+            "'allow' or 'deny'",
+        ),
+        ("    approvals: 3\n", 3, "profiles.a.approvals", "must be a list of rules"),
         (
             "    approvals:\n      - {kind: exec, match: x}\n",
             4,

@@ -98,7 +98,7 @@ class LocalBackend(RuntimeBackend):
         self.agents: dict[str, list[LocalAgent]] = {}
 
     def capabilities(self) -> frozenset[Capability]:
-        return frozenset({Capability.NETWORK_DENIED})
+        return frozenset({Capability.NETWORK_DENIED, Capability.RESOURCE_LIMITS, Capability.READ_ONLY_ROOT})
 
     def create(self, config: SandboxConfig) -> SandboxHandle:
         sid = uuid.uuid4().hex[:10]

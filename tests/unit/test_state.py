@@ -627,7 +627,15 @@ class LocalBackend(RuntimeBackend):
         self.caps = (
             caps
             if caps is not None
-            else frozenset({Capability.NETWORK_DENIED, Capability.FORK, Capability.SNAPSHOT})
+            else frozenset(
+                {
+                    Capability.NETWORK_DENIED,
+                    Capability.RESOURCE_LIMITS,
+                    Capability.READ_ONLY_ROOT,
+                    Capability.FORK,
+                    Capability.SNAPSHOT,
+                }
+            )
         )
         self.agents: dict[str, list[LocalAgent]] = {}
         self.created: list[str] = []
@@ -932,7 +940,10 @@ def test_fork_of_a_destroyed_sandbox(env: Env) -> None:
 
 
 def test_fork_and_snapshot_need_the_capabilities(tmp_path: Path) -> None:
-    e = Env(tmp_path, frozenset({Capability.NETWORK_DENIED}))
+    e = Env(
+        tmp_path,
+        frozenset({Capability.NETWORK_DENIED, Capability.RESOURCE_LIMITS, Capability.READ_ONLY_ROOT}),
+    )
     sb = e.sandbox()
     try:
         with pytest.raises(UnsupportedCapabilityError):
