@@ -1,0 +1,856 @@
+"""The egress proxy (egress/proxy.py), in-process on loopback against local servers.
+
+Local HTTP and HTTPS servers on 127.0.0.1 stand in for allowed and refused
+domains; the proxy's ``hosts`` mapping points the test names at them.
+Loopback is a "private" range, so most tests admit it with
+``cidrs=["127.0.0.0/8"]``; others check that without it the same names are
+refused.  No traffic leaves loopback: every name is mapped, and the DNS
+tests patch ``socket.getaddrinfo``.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import http.server
+import ipaddress
+import json
+import os
+import random
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentnest.egress import proxy as px
+from agentnest.egress.proxy import HelloError, Limits, Proxy, Rules
+
+NAMES = ("allowed.test", "api.allowed.test", "refused.test", "other.test", "private.test")
+LOOPBACK = ["127.0.0.0/8"]
+
+
+# -- local servers -------------------------------------------------------------------
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Any
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _reply(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self.server.requests.append((self.command, self.path, self.headers.get("Host")))
+        if self.path == "/redirect":
+            self._reply(302, b"", {"Location": f"http://refused.test:{self.server.redirect_port}/"})
+        else:
+            self._reply(200, f"hello {self.headers.get('Host')} {self.path}".encode())
+
+    def do_POST(self) -> None:
+        self.server.requests.append((self.command, self.path, self.headers.get("Host")))
+        if self.headers.get("Transfer-Encoding") == "chunked":
+            body = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                body += self.rfile.read(size)
+                self.rfile.readline()
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._reply(200, b"echo:" + body)
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.tls = tls
+        self.requests: list[tuple[str, str, str | None]] = []
+        self.accepted = 0
+        self.redirect_port = 0
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        self.accepted += 1
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            conn = self.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            return
+        try:
+            self.RequestHandlerClass(conn, client_address, self)  # type: ignore[arg-type]
+        finally:
+            conn.close()
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A self-signed certificate for every test name (the client trusts it as its CA)."""
+    d = tmp_path_factory.mktemp("tls")
+    san = ",".join(f"DNS:{n}" for n in NAMES)
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"),
+            *("-nodes", "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem"), "-days", "2"),
+            *("-subj", "/CN=test", "-addext", f"subjectAltName={san}"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return d
+
+
+@pytest.fixture(scope="module")
+def servers(cert: Path) -> Iterator[tuple[Server, Server]]:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert / "cert.pem", cert / "key.pem")
+    plain, tls = Server(), Server(ctx)
+    plain.redirect_port = plain.port
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (plain, tls)]
+    for t in threads:
+        t.start()
+    yield plain, tls
+    for s in (plain, tls):
+        s.shutdown()
+        s.server_close()
+
+
+@pytest.fixture
+def client_ctx(cert: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(cert / "cert.pem"))
+
+
+# -- the proxy in a thread -----------------------------------------------------------
+
+
+class ProxyThread:
+    """A :class:`Proxy` on its own event loop in a thread; events collected."""
+
+    def __init__(self, rules: Rules, limits: Limits | None = None) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.cond = threading.Condition()
+        self.loop = asyncio.new_event_loop()
+        self.proxy = Proxy(rules, limits, emit=self._emit)
+        self.addr: tuple[str, int] = ("", 0)
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.addr = self.loop.run_until_complete(self.proxy.start("127.0.0.1", 0))
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert ready.wait(10)
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        json.dumps(event)  # every event must be JSON-serialisable
+        with self.cond:
+            self.events.append(event)
+            self.cond.notify_all()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.addr[0]}:{self.addr[1]}"
+
+    def wait_events(self, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.events) >= count, timeout), self.events
+            return list(self.events)
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until no connection is open in the proxy (polls the real counter)."""
+        end = time.monotonic() + timeout
+        while self.proxy.active or self.proxy._tasks:
+            assert time.monotonic() < end, f"{self.proxy.active} connections still open"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.proxy.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def make_proxy(servers: Servers) -> Iterator[Callable[..., ProxyThread]]:
+    made: list[ProxyThread] = []
+    plain, tls = servers
+
+    def make(
+        domains: tuple[str, ...] = ("allowed.test", "*.allowed.test", "private.test"),
+        cidrs: list[str] | None = None,
+        ports: tuple[int, ...] | None = None,
+        hosts: dict[str, Any] | None = None,
+        **limits: Any,
+    ) -> ProxyThread:
+        mapping: dict[str, Any] = dict.fromkeys(NAMES[:4], "127.0.0.1")
+        mapping["private.test"] = "10.255.0.1"
+        mapping.update(hosts or {})
+        rules = Rules(
+            domains,
+            LOOPBACK if cidrs is None else cidrs,
+            ports or (plain.port, tls.port),
+            mapping,
+        )
+        p = ProxyThread(rules, Limits(**limits))
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.stop()
+
+
+def opener(p: ProxyThread, ctx: ssl.SSLContext | None = None) -> urllib.request.OpenerDirector:
+    return urllib.request.build_opener(
+        urllib.request.ProxyHandler({"http": p.url, "https": p.url}),
+        urllib.request.HTTPSHandler(context=ctx),
+    )
+
+
+def fetch(p: ProxyThread, url: str, ctx: ssl.SSLContext | None = None, data: bytes | None = None) -> bytes:
+    with opener(p, ctx).open(url, data=data, timeout=10) as r:
+        return bytes(r.read())
+
+
+def raw(p: ProxyThread, payload: bytes, *, read: bool = True) -> bytes:
+    """Send bytes to the proxy, return everything it answers until it closes."""
+    with socket.create_connection(p.addr, timeout=10) as s:
+        s.sendall(payload)
+        if not read:
+            return b""
+        chunks = []
+        while True:
+            try:
+                data = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        return b"".join(chunks)
+
+
+def tunnel(p: ProxyThread, target: str) -> socket.socket:
+    """A socket on which CONNECT ``target`` was answered with 200."""
+    s = socket.create_connection(p.addr, timeout=10)
+    s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        data = s.recv(4096)
+        if not data:
+            break
+        reply += data
+    if not reply.startswith(b"HTTP/1.1 200"):
+        s.close()
+        raise AssertionError(reply)
+    return s
+
+
+def assert_serves(p: ProxyThread, servers: Servers, ctx: ssl.SSLContext) -> None:
+    """The proxy still serves a good client (after a bad one)."""
+    tls = servers[1]
+    assert fetch(p, f"https://allowed.test:{tls.port}/still-up", ctx).startswith(b"hello allowed.test")
+
+
+def last(p: ProxyThread, count: int) -> dict[str, Any]:
+    return p.wait_events(count)[count - 1]
+
+
+Make = Callable[..., ProxyThread]
+Servers = tuple[Server, Server]
+
+
+# -- allowed traffic -----------------------------------------------------------------
+
+
+def test_plain_http_allowed(make_proxy: Make, servers: Servers) -> None:
+    plain, _ = servers
+    p = make_proxy()
+    body = fetch(p, f"http://allowed.test:{plain.port}/x?y=1")
+    assert body == f"hello allowed.test:{plain.port} /x?y=1".encode()
+    # Forwarded in origin form, with the Host the client sent.
+    assert plain.requests[-1] == ("GET", "/x?y=1", f"allowed.test:{plain.port}")
+    event = last(p, 1)
+    assert event["type"] == "egress.allowed"
+    assert event["reason"] == "allowed"
+    assert (event["host"], event["port"], event["address"]) == ("allowed.test", plain.port, "127.0.0.1")
+    assert event["bytes_up"] > 0 and event["bytes_down"] > len(body)
+    assert event["method"] == "GET"
+    assert 0 <= event["duration"] < 10 and abs(event["time"] - time.time()) < 60
+
+
+def test_https_allowed(make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext) -> None:
+    _, tls = servers
+    p = make_proxy()
+    assert fetch(p, f"https://api.allowed.test:{tls.port}/", client_ctx) == (
+        f"hello api.allowed.test:{tls.port} /".encode()
+    )
+    event = last(p, 1)
+    assert (event["type"], event["method"]) == ("egress.allowed", "CONNECT")
+    assert event["host"] == "api.allowed.test"
+    assert event["bytes_up"] > 100 and event["bytes_down"] > 100  # TLS both ways
+
+
+def test_post_bodies_are_relayed(make_proxy: Make, servers: Servers) -> None:
+    plain, _ = servers
+    p = make_proxy()
+    big = b"a" * 100_000
+    assert fetch(p, f"http://allowed.test:{plain.port}/echo", data=big) == b"echo:" + big
+    chunked = (
+        f"POST http://allowed.test:{plain.port}/echo HTTP/1.1\r\nHost: allowed.test:{plain.port}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n"
+    ).encode()
+    reply = raw(p, chunked)
+    assert reply.startswith(b"HTTP/1.0 200") or reply.startswith(b"HTTP/1.1 200")
+    assert reply.endswith(b"echo:hello world")
+
+
+def test_connect_to_allowed_ip_literal_needs_no_sni(make_proxy: Make, servers: Servers) -> None:
+    _, tls = servers
+    p = make_proxy()
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with tunnel(p, f"127.0.0.1:{tls.port}") as s, ctx.wrap_socket(s) as t:
+        t.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert t.recv(100).startswith(b"HTTP/1.")
+    assert last(p, 1)["type"] == "egress.allowed"
+
+
+# -- refusals ------------------------------------------------------------------------
+
+
+def test_refused_domain(make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext) -> None:
+    plain, tls = servers
+    p = make_proxy()
+    before = len(plain.requests), tls.accepted
+    with pytest.raises(urllib.error.HTTPError) as info:
+        fetch(p, f"http://refused.test:{plain.port}/")
+    assert info.value.code == 403
+    assert info.value.headers["X-AgentNest-Egress"] == "denied; reason=domain_not_allowed"
+    info.value.close()
+    with pytest.raises(urllib.error.URLError, match="403"):
+        fetch(p, f"https://refused.test:{tls.port}/", client_ctx)
+    events = p.wait_events(2)
+    assert [e["reason"] for e in events] == ["domain_not_allowed"] * 2
+    assert all(e["type"] == "egress.denied" and e["host"] == "refused.test" for e in events)
+    assert (len(plain.requests), tls.accepted) == before  # nothing reached a server
+
+
+def test_wildcard_does_not_admit_the_bare_suffix(make_proxy: Make, servers: Servers) -> None:
+    plain, _ = servers
+    p = make_proxy(domains=("*.allowed.test",))
+    assert fetch(p, f"http://api.allowed.test:{plain.port}/").startswith(b"hello")
+    with pytest.raises(urllib.error.HTTPError, match="403"):
+        fetch(p, f"http://allowed.test:{plain.port}/")
+
+
+def test_refused_port(make_proxy: Make, servers: Servers) -> None:
+    p = make_proxy()
+    reply = raw(p, b"CONNECT allowed.test:22 HTTP/1.1\r\nHost: allowed.test:22\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 403")
+    event = last(p, 1)
+    assert (event["reason"], event["port"], event["address"]) == ("port_not_allowed", 22, "")
+
+
+def test_loopback_refused_without_cidrs(
+    make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext
+) -> None:
+    plain, tls = servers
+    p = make_proxy(cidrs=[])
+    with pytest.raises(urllib.error.HTTPError, match="403"):
+        fetch(p, f"http://allowed.test:{plain.port}/")
+    with pytest.raises(urllib.error.URLError, match="403"):
+        fetch(p, f"https://allowed.test:{tls.port}/", client_ctx)
+    events = p.wait_events(2)
+    assert {e["reason"] for e in events} == {"address_refused"}
+    assert "127.0.0.1 is loopback" in events[0]["detail"]
+    assert events[0]["address"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "10.255.0.1",  # private
+        "169.254.169.254",  # cloud metadata
+        "fd00:ec2::254",  # AWS metadata over IPv6
+        "::1",
+        "::ffff:10.0.0.1",  # IPv4-mapped private
+        "::ffff:169.254.169.254",
+        "fe80::1",
+        "224.0.0.1",
+        "0.0.0.0",
+        "240.0.0.1",
+        "100.100.100.200",  # shared address space (a metadata service)
+        "64:ff9b::a00:1",  # NAT64 of 10.0.0.1
+        "2002:a00:1::1",  # 6to4 of 10.0.0.1
+    ],
+)
+def test_allowed_name_resolving_to_internal_address_is_refused(
+    make_proxy: Make, servers: Servers, address: str
+) -> None:
+    plain, _ = servers
+    p = make_proxy(cidrs=[], hosts={"private.test": address})
+    reply = raw(p, f"CONNECT private.test:{plain.port} HTTP/1.1\r\n\r\n".encode())
+    assert reply.startswith(b"HTTP/1.1 403")
+    event = last(p, 1)
+    assert (event["reason"], event["address"]) == ("address_refused", str(ipaddress.ip_address(address)))
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1", "10.0.0.1", "[::1]", "[::ffff:127.0.0.1]", "2130706433"])
+def test_ip_literals_need_a_cidr(make_proxy: Make, servers: Servers, target: str) -> None:
+    _, tls = servers
+    p = make_proxy(cidrs=["192.0.2.0/24"])  # documentation range: nothing real
+    reply = raw(p, f"CONNECT {target}:{tls.port} HTTP/1.1\r\n\r\n".encode())
+    assert reply.startswith(b"HTTP/1.1 403") or reply.startswith(b"HTTP/1.1 400")
+    assert last(p, 1)["reason"] in {"ip_not_allowed", "domain_not_allowed"}
+
+
+def test_sni_must_match_connect_host(make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext) -> None:
+    """Domain fronting: CONNECT an allowed name, name another in the TLS hello."""
+    _, tls = servers
+    p = make_proxy()
+    before = tls.accepted
+    with tunnel(p, f"allowed.test:{tls.port}") as s, pytest.raises((ssl.SSLError, OSError)):
+        client_ctx.wrap_socket(s, server_hostname="refused.test")
+    event = last(p, 1)
+    assert (event["type"], event["reason"]) == ("egress.denied", "sni_mismatch")
+    assert "refused.test" in event["detail"]
+    assert tls.accepted == before  # the server never saw a connection
+    assert_serves(p, servers, client_ctx)
+
+
+def test_hello_without_sni_is_refused(make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext) -> None:
+    _, tls = servers
+    p = make_proxy()
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with tunnel(p, f"allowed.test:{tls.port}") as s, pytest.raises((ssl.SSLError, OSError)):
+        ctx.wrap_socket(s, server_hostname=None)
+    assert last(p, 1)["reason"] == "sni_missing"
+
+
+def test_tunnel_carries_tls_only(make_proxy: Make, servers: Servers) -> None:
+    plain, _ = servers
+    p = make_proxy()
+    before = len(plain.requests)
+    with tunnel(p, f"allowed.test:{plain.port}") as s:
+        s.sendall(f"GET / HTTP/1.1\r\nHost: allowed.test:{plain.port}\r\n\r\n".encode())
+        assert s.recv(100) == b""
+    assert last(p, 1)["reason"] == "bad_client_hello"
+    assert len(plain.requests) == before
+
+
+def test_client_hello_that_never_comes(
+    make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext
+) -> None:
+    _, tls = servers
+    p = make_proxy(hello_timeout=0.5)
+    with tunnel(p, f"allowed.test:{tls.port}") as s:
+        s.sendall(b"\x16\x03\x01\x02")  # half a record header, then silence
+        assert s.recv(100) == b""  # closed by the proxy at its deadline
+    assert last(p, 1)["reason"] == "no_client_hello"
+    assert_serves(p, servers, client_ctx)
+
+
+def test_host_header_must_match_target(
+    make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext
+) -> None:
+    plain, _ = servers
+    p = make_proxy()
+    before = len(plain.requests)
+    for host_header in ("refused.test", f"refused.test:{plain.port}", "allowed.test:1"):
+        reply = raw(
+            p, f"GET http://allowed.test:{plain.port}/ HTTP/1.1\r\nHost: {host_header}\r\n\r\n".encode()
+        )
+        assert reply.startswith(b"HTTP/1.1 400")
+    two_hosts = f"GET http://allowed.test:{plain.port}/ HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".encode()
+    assert raw(p, two_hosts).startswith(b"HTTP/1.1 400")
+    assert [e["reason"] for e in p.wait_events(4)] == ["host_mismatch"] * 4
+    assert len(plain.requests) == before
+    assert_serves(p, servers, client_ctx)
+
+
+def test_redirect_to_refused_domain_is_refused(make_proxy: Make, servers: Servers) -> None:
+    plain, _ = servers
+    p = make_proxy()
+    with pytest.raises(urllib.error.HTTPError) as info:
+        fetch(p, f"http://allowed.test:{plain.port}/redirect")  # urllib follows the 302
+    assert info.value.code == 403
+    info.value.close()
+    events = p.wait_events(2)
+    assert [(e["type"], e["host"]) for e in events] == [
+        ("egress.allowed", "allowed.test"),
+        ("egress.denied", "refused.test"),
+    ]
+
+
+def test_pipelined_second_request_is_not_forwarded(make_proxy: Make, servers: Servers) -> None:
+    """One request per connection: a second one (another Host) never reaches the server."""
+    plain, _ = servers
+    p = make_proxy()
+    before = len(plain.requests)
+    first = f"GET http://allowed.test:{plain.port}/one HTTP/1.1\r\nHost: allowed.test:{plain.port}\r\n\r\n"
+    second = f"GET /two HTTP/1.1\r\nHost: refused.test:{plain.port}\r\n\r\n"
+    reply = raw(p, (first + second).encode())
+    assert b"/one" in reply and b"/two" not in reply
+    assert [r[1] for r in plain.requests[before:]] == ["/one"]
+
+
+def test_request_smuggling_framing_is_refused(make_proxy: Make, servers: Servers) -> None:
+    plain, _ = servers
+    p = make_proxy()
+    head = f"POST http://allowed.test:{plain.port}/echo HTTP/1.1\r\nHost: allowed.test:{plain.port}\r\n"
+    for extra in (
+        "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+        "Transfer-Encoding: gzip, chunked\r\n",
+        "Content-Length: 5\r\nContent-Length: 6\r\n",
+        "Content-Length: -1\r\n",
+    ):
+        assert raw(p, (head + extra + "\r\nhello").encode()).startswith(b"HTTP/1.1 400")
+    assert {e["reason"] for e in p.wait_events(4)} == {"bad_request"}
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"CONNECT\r\n\r\n",
+        b"CONNECT allowed.test HTTP/1.1\r\n\r\n",  # no port
+        b"CONNECT allowed.test:99999 HTTP/1.1\r\n\r\n",
+        b"CONNECT allowed.test:0 HTTP/1.1\r\n\r\n",
+        b"CONNECT [::1 HTTP/1.1\r\n\r\n",
+        b"CONNECT user@allowed.test:443 HTTP/1.1\r\n\r\n",
+        b"connect allowed.test:443 HTTP/1.1\r\n\r\n",
+        b"CONNECT allowed.test:443 HTTP/2.0\r\n\r\n",
+        b"CONNECT allowed.test:443  HTTP/1.1\r\n\r\n",
+        b"CONNECT allowed.test:443 HTTP/1.1\r\nBad Header\r\n\r\n",
+        b"CONNECT allowed.test:443 HTTP/1.1\r\nX: a\r\n folded\r\n\r\n",
+        b"CONNECT allowed.test:443 HTTP/1.1\r\nX: a\x00b\r\n\r\n",
+        b"CONNECT bad_name!:443 HTTP/1.1\r\n\r\n",
+        b"CONNECT allowed.test:443 HTTP/1.1\n\n",  # bare LF: never completes, closed
+        b"\x16\x03\x01\x00\x05hello\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n",  # origin form: not a proxy request
+        b"GET https://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+        b"GET http:///x HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+        b"",
+    ],
+)
+def test_malformed_requests_are_refused_and_logged(
+    make_proxy: Make,
+    servers: Servers,
+    client_ctx: ssl.SSLContext,
+    payload: bytes,
+) -> None:
+    p = make_proxy(header_timeout=1.0)
+    reply = raw(p, payload)
+    assert not reply.startswith(b"HTTP/1.1 200")
+    event = last(p, 1)
+    assert event["type"] == "egress.denied"
+    assert event["reason"] in {
+        "bad_request",
+        "bad_host",
+        "method_not_allowed",
+        "header_timeout",
+        "port_not_allowed",
+        "domain_not_allowed",
+    }
+    assert_serves(p, servers, client_ctx)
+
+
+def test_oversized_head(make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext) -> None:
+    p = make_proxy()
+    big = b"CONNECT allowed.test:443 HTTP/1.1\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"
+    assert raw(p, big).startswith(b"HTTP/1.1 431")
+    many = b"CONNECT allowed.test:443 HTTP/1.1\r\n" + b"X: 1\r\n" * 200 + b"\r\n"
+    assert raw(p, many).startswith(b"HTTP/1.1 431")
+    assert [e["reason"] for e in p.wait_events(2)] == ["header_too_large"] * 2
+    assert_serves(p, servers, client_ctx)
+
+
+def test_slowloris(make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext) -> None:
+    """A client dripping its head is cut at the header deadline; others are served meanwhile."""
+    p = make_proxy(header_timeout=1.0)
+    with socket.create_connection(p.addr, timeout=10) as s:
+        start = time.monotonic()
+        s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\n")
+        assert_serves(p, servers, client_ctx)  # while the slow client holds a connection
+        reply = b""
+        with contextlib.suppress(OSError):
+            for _ in range(100):
+                s.sendall(b"X: y\r\n")  # each piece in time, the whole head never
+                s.settimeout(0.05)
+                with contextlib.suppress(TimeoutError):
+                    reply += s.recv(4096)
+                if reply:
+                    break
+        assert reply.startswith(b"HTTP/1.1 408")
+        assert time.monotonic() - start < 5
+    assert any(e["reason"] == "header_timeout" for e in p.wait_events(2))
+
+
+def test_connection_limit(make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext) -> None:
+    p = make_proxy(max_connections=2, header_timeout=5.0)
+    held = [socket.create_connection(p.addr, timeout=10) for _ in range(2)]
+    try:
+        end = time.monotonic() + 5
+        while p.proxy.active < 2:
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        assert raw(p, b"CONNECT allowed.test:443 HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 503")
+        assert last(p, 1)["reason"] == "too_many_connections"
+    finally:
+        for s in held:
+            s.close()
+    p.wait_idle()
+    assert_serves(p, servers, client_ctx)
+
+
+def test_two_hundred_concurrent_connections(
+    make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext
+) -> None:
+    _, tls = servers
+    p = make_proxy()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    barrier = threading.Barrier(200, timeout=30)
+
+    def one(i: int) -> bytes:
+        o = opener(p, client_ctx)
+        barrier.wait()  # all 200 in flight together
+        with o.open(f"https://allowed.test:{tls.port}/{i}", timeout=30) as r:
+            return bytes(r.read())
+
+    with ThreadPoolExecutor(200) as pool:
+        bodies = list(pool.map(one, range(200)))
+    assert bodies == [f"hello allowed.test:{tls.port} /{i}".encode() for i in range(200)]
+    events = p.wait_events(200)
+    assert len(events) == 200 and {e["type"] for e in events} == {"egress.allowed"}
+    p.wait_idle()
+    assert p.proxy.active == 0 and not p.proxy._tasks
+    # No descriptor leaked on the proxy's side (nor the clients').
+    end = time.monotonic() + 10
+    while len(os.listdir("/proc/self/fd")) > fds_before + 5:
+        assert time.monotonic() < end, "descriptors leaked"
+        time.sleep(0.05)
+
+
+def test_resolves_once_and_connects_to_the_checked_address(
+    make_proxy: Make, servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: the address that was checked is the one connected to; one lookup."""
+    plain, _ = servers
+    calls: list[str] = []
+    answers = iter(["127.0.0.1", "10.0.0.1"])  # a second answer would be a rebinding
+
+    real = socket.getaddrinfo
+
+    def fake_getaddrinfo(host: str, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        if host != "dns.allowed.test":
+            return real(host, port, *args, **kwargs)  # the client's own connection to the proxy
+        calls.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (next(answers), port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
+    p = make_proxy(domains=("dns.allowed.test",), hosts={})
+    assert fetch(p, f"http://dns.allowed.test:{plain.port}/").startswith(b"hello")
+    assert calls == ["dns.allowed.test"]
+    assert last(p, 1)["address"] == "127.0.0.1"
+
+
+def test_unresolvable_name_is_a_denial(
+    make_proxy: Make, servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = socket.getaddrinfo
+
+    def fail(host: str, *args: Any, **kwargs: Any) -> list[Any]:
+        if host != "nx.allowed.test":
+            return real(host, *args, **kwargs)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", fail)
+    plain, _ = servers
+    p = make_proxy(domains=("nx.allowed.test",), hosts={})
+    reply = raw(p, f"CONNECT nx.allowed.test:{plain.port} HTTP/1.1\r\n\r\n".encode())
+    assert reply.startswith(b"HTTP/1.1 502")
+    assert last(p, 1)["reason"] == "resolve_failed"
+
+
+def test_closing_the_proxy_ends_open_connections_with_events(
+    servers: Servers, client_ctx: ssl.SSLContext
+) -> None:
+    _, tls = servers
+    p = ProxyThread(Rules(["allowed.test"], LOOPBACK, [tls.port], {"allowed.test": "127.0.0.1"}))
+    s = tunnel(p, f"allowed.test:{tls.port}")
+    try:
+        p.stop()
+        assert s.recv(10) == b""
+    finally:
+        s.close()
+    assert p.events[-1]["type"] == "egress.denied"
+
+
+# -- pure parts ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", ["*", "*.com", "", "*.", "exa mple.com", "a..b", "-a.com", "*.*.com", 3])
+def test_bad_patterns_are_refused(pattern: Any) -> None:
+    with pytest.raises(ValueError):
+        px.check_pattern(pattern)
+
+
+def test_patterns_match_like_the_policy() -> None:
+    from agentnest.policy import NetworkPolicy
+
+    for pattern in ("Example.COM.", "*.files.example", "a-b.c"):
+        assert px.check_pattern(pattern) == NetworkPolicy.allowlist([pattern]).domains[0]
+    patterns = ["example.com", "*.files.example"]
+    assert px.match_host("example.com", patterns)
+    assert px.match_host("a.b.files.example", patterns)
+    assert not px.match_host("files.example", patterns)
+    assert not px.match_host("evilfiles.example", patterns)
+    assert not px.match_host("example.com.evil", patterns)
+    assert not px.match_host("sub.example.com", patterns)
+
+
+def test_rules_validate_their_input() -> None:
+    with pytest.raises(ValueError, match="port"):
+        Rules(["a.example"], ports=[0])
+    with pytest.raises(ValueError, match="hosts mapping"):
+        Rules(["a.example"], hosts={"a.example": "not-an-ip"})
+    with pytest.raises(ValueError, match="hosts mapping"):
+        Rules(["a.example"], hosts={"bad name": "1.2.3.4"})
+    with pytest.raises(ValueError):
+        Limits.from_config({"limits": {"header_timeout": -1}})
+    with pytest.raises(ValueError):
+        Limits.from_config({"limits": {"nonsense": 1}})
+
+
+def _hello(sni: bytes | None, extra: bytes = b"") -> bytes:
+    exts = b""
+    if sni is not None:
+        entry = b"\x00" + len(sni).to_bytes(2, "big") + sni
+        lst = len(entry).to_bytes(2, "big") + entry
+        exts += b"\x00\x00" + len(lst).to_bytes(2, "big") + lst
+    exts += extra
+    head = b"\x03\x03" + b"r" * 32 + b"\x00" + b"\x00\x02\x13\x01" + b"\x01\x00"
+    return head + len(exts).to_bytes(2, "big") + exts
+
+
+def test_client_hello_parser() -> None:
+    assert px.parse_client_hello(_hello(b"Allowed.Test")) == "allowed.test"
+    assert px.parse_client_hello(_hello(None)) is None
+    for bad in (
+        _hello(b"1.2.3.4"),
+        _hello(b"bad name"),
+        _hello(b"a.test", extra=b"\x00\x00\x00\x00"),  # a second server_name extension
+        _hello(b"a.test")[:-1],
+        _hello(b"a.test") + b"x",
+        b"\x02\x00" + _hello(b"a.test")[2:],
+        b"",
+    ):
+        with pytest.raises(HelloError):
+            px.parse_client_hello(bad)
+
+
+def test_client_hello_parser_survives_random_bytes() -> None:
+    rng = random.Random(5)
+    good = _hello(b"allowed.test")
+    for _ in range(3000):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        with contextlib.suppress(HelloError):
+            result = px.parse_client_hello(bytes(data))
+            assert result is None or px.normalize_host(result) == result
+
+
+def test_address_categories() -> None:
+    cat = px.address_category
+    for text, expected in [
+        ("8.8.8.8", None),
+        ("2606:4700::1111", None),
+        ("169.254.169.254", "link-local"),
+        ("fd00:ec2::254", "private"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("0.0.0.0", "unspecified"),
+        ("::", "unspecified"),
+        ("ff02::1", "multicast"),
+        ("100.64.0.1", "not-global"),
+    ]:
+        assert cat(ipaddress.ip_address(text)) == expected, text
+
+
+def test_proxy_source_runs_on_python_3_8() -> None:
+    """The proxy runs on the image's Python: no syntax newer than 3.8."""
+    source = Path(px.__file__).read_text("utf-8")
+    ast.parse(source, feature_version=(3, 8))
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+    }
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_program_prints_ready_and_stops_at_its_deadline(servers: Servers) -> None:
+    plain, _ = servers
+    config = {
+        "listen": ["127.0.0.1", 0],
+        "domains": ["allowed.test"],
+        "cidrs": LOOPBACK,
+        "ports": [plain.port],
+        "hosts": {"allowed.test": "127.0.0.1"},
+        "deadline": time.time() + 3,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-S", px.__file__, json.dumps(config)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["type"] == "proxy.ready"
+        host, port = ready["listen"]
+        with socket.create_connection((host, port), timeout=5) as s:
+            target = f"allowed.test:{plain.port}"
+            s.sendall(f"GET http://{target}/p HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+            assert s.recv(100).startswith(b"HTTP/1.")
+        event = json.loads(proc.stdout.readline())
+        assert (event["type"], event["host"]) == ("egress.allowed", "allowed.test")
+        assert proc.wait(timeout=10) == 0  # the deadline ended it
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
