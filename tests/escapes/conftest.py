@@ -1,0 +1,103 @@
+"""The escape suite: real escape and abuse attempts, on runc and on gVisor.
+
+Every test here is one attempt.  Its module (one per category) carries
+``pytest.mark.attempt(CATEGORY)``; a test may override it.  Every test is
+also marked ``escapes`` (``make escapes`` runs just these), and at the end of
+the run the terminal summary counts attempts and blocked attempts (= passed
+tests) per runtime and category.  A known hole is an ``xfail(strict=True)``
+test: it counts as an attempt that was *not* blocked.
+
+Fixtures: the module-scoped ``backend_name`` (runc and runsc, with the
+``docker``/``gvisor`` markers), ``shared_sandbox`` (one sandbox per runtime and
+module, for attempts that leave no trace) and ``docker_client`` come from the
+integration suite's conftest, so both suites parametrise the same way.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from integration.conftest import backend_name, docker_client, shared_sandbox
+
+__all__ = ["backend_name", "docker_client", "shared_sandbox"]
+
+CATEGORIES = ("privileges", "kernel", "files", "network", "resources", "secrets", "host_api")
+RUNTIMES = {"docker": "runc", "gvisor": "runsc"}
+HERE = Path(__file__).parent
+
+#: nodeid -> (runtime, category) of every collected attempt.
+_ATTEMPTS: dict[str, tuple[str, str]] = {}
+#: (runtime, category, outcome) -> count; outcome is blocked, hole, failed or skipped.
+_OUTCOMES: Counter[tuple[str, str, str]] = Counter()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "attempt(category): an escape-suite attempt and its category, one of " + ", ".join(CATEGORIES),
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m escapes deselects anything
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE not in item.path.parents:
+            continue
+        item.add_marker(pytest.mark.escapes)
+        marker = item.get_closest_marker("attempt")
+        if marker is None or marker.args[0] not in CATEGORIES:
+            raise pytest.UsageError(f"{item.nodeid}: an escape attempt needs @pytest.mark.attempt(CATEGORY)")
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("backend_name") if callspec is not None else None
+        if backend not in RUNTIMES:
+            raise pytest.UsageError(f"{item.nodeid}: an escape attempt must run per runtime (backend_name)")
+        _ATTEMPTS[item.nodeid] = (RUNTIMES[backend], marker.args[0])
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    key = _ATTEMPTS.get(report.nodeid)
+    if key is None:
+        return
+    outcome = None
+    if hasattr(report, "wasxfail"):
+        outcome = "hole" if report.skipped else ("blocked" if report.passed else None)
+    elif report.when == "call":
+        outcome = {"passed": "blocked", "failed": "failed", "skipped": "skipped"}[report.outcome]
+    elif report.outcome == "failed":  # setup or teardown error
+        outcome = "failed"
+    elif report.when == "setup" and report.skipped:
+        outcome = "skipped"
+    if outcome is not None:
+        _OUTCOMES[(*key, outcome)] += 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    outcomes = _OUTCOMES
+    if not outcomes:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "escape suite: attempts and blocked attempts")
+    header = f"{'runtime':<8} {'category':<11} {'attempts':>8} {'blocked':>8} {'holes':>6} {'failed':>7} {'skipped':>8}"
+    tr.write_line(header)
+    for runtime in RUNTIMES.values():
+        totals = Counter[str]()
+        for category in CATEGORIES:
+            row = {o: outcomes[(runtime, category, o)] for o in ("blocked", "hole", "failed", "skipped")}
+            attempts = sum(row.values())
+            if not attempts:
+                continue
+            totals.update(row)
+            tr.write_line(
+                f"{runtime:<8} {category:<11} {attempts:>8} {row['blocked']:>8} {row['hole']:>6} "
+                f"{row['failed']:>7} {row['skipped']:>8}"
+            )
+        if totals:
+            tr.write_line(
+                f"{runtime:<8} {'TOTAL':<11} {sum(totals.values()):>8} {totals['blocked']:>8} "
+                f"{totals['hole']:>6} {totals['failed']:>7} {totals['skipped']:>8}",
+                bold=True,
+            )
+    tr.write_line("holes: known, reported attempts that succeed (xfail strict); see docs/security.md")
