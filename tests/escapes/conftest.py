@@ -19,7 +19,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from integration.conftest import backend_name, docker_client, shared_sandbox
 
 __all__ = ["backend_name", "docker_client", "shared_sandbox"]
@@ -71,33 +70,35 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     elif report.when == "setup" and report.skipped:
         outcome = "skipped"
     if outcome is not None:
-        _OUTCOMES[(*key, outcome)] += 1
+        _OUTCOMES[(key[0], key[1], outcome)] += 1
+
+
+_OUTCOME_NAMES = ("blocked", "hole", "failed", "skipped")
+
+
+def _row(runtime: str, category: str, counts: Counter[str] | dict[str, int]) -> str:
+    cells = [sum(counts.values()), *(counts[o] for o in _OUTCOME_NAMES)]
+    return f"{runtime:<8} {category:<11}" + "".join(f"{c:>9}" for c in cells)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    outcomes = _OUTCOMES
-    if not outcomes:
+    if not _OUTCOMES:
         return
     tr = terminalreporter
-    tr.write_sep("=", "escape suite: attempts and blocked attempts")
-    header = f"{'runtime':<8} {'category':<11} {'attempts':>8} {'blocked':>8} {'holes':>6} {'failed':>7} {'skipped':>8}"
-    tr.write_line(header)
+    tr.write_sep("=", "escape suite: attempts and blocked attempts per runtime")
+    tr.write_line(
+        f"{'runtime':<8} {'category':<11}" + "".join(f"{h:>9}" for h in ("attempts", *_OUTCOME_NAMES))
+    )
     for runtime in RUNTIMES.values():
         totals = Counter[str]()
         for category in CATEGORIES:
-            row = {o: outcomes[(runtime, category, o)] for o in ("blocked", "hole", "failed", "skipped")}
-            attempts = sum(row.values())
-            if not attempts:
-                continue
-            totals.update(row)
-            tr.write_line(
-                f"{runtime:<8} {category:<11} {attempts:>8} {row['blocked']:>8} {row['hole']:>6} "
-                f"{row['failed']:>7} {row['skipped']:>8}"
-            )
+            row = {o: _OUTCOMES[(runtime, category, o)] for o in _OUTCOME_NAMES}
+            if sum(row.values()):
+                totals.update(row)
+                tr.write_line(_row(runtime, category, row))
         if totals:
-            tr.write_line(
-                f"{runtime:<8} {'TOTAL':<11} {sum(totals.values()):>8} {totals['blocked']:>8} "
-                f"{totals['hole']:>6} {totals['failed']:>7} {totals['skipped']:>8}",
-                bold=True,
-            )
-    tr.write_line("holes: known, reported attempts that succeed (xfail strict); see docs/security.md")
+            tr.write_line(_row(runtime, "TOTAL", totals), bold=True)
+    tr.write_line(
+        "blocked = the attempt failed as it should; hole = a known, reported attempt that succeeds "
+        "(xfail strict, see docs/security.md)"
+    )

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from integration.helpers import container_of
 
 from agentnest import Sandbox
-from integration.helpers import container_of
 
 from .probes import (
     CLONE_NEWUSER,
@@ -123,8 +123,9 @@ for d in ("/usr/bin", "/usr/sbin"):
         if stat.S_ISREG(st.st_mode) and st.st_mode & 0o6000 and st.st_uid == 0:
             found.add(path)
 for path in sorted(found):
-    args = {"unix_chkpwd": ["root", "nullok"], "gpasswd": ["root"], "newgrp": ["root"]}.get(os.path.basename(path), [])
-    p = subprocess.Popen([path] + args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = {"unix_chkpwd": ["root", "nullok"], "gpasswd": ["root"], "newgrp": ["root"]}
+    argv = [path] + args.get(os.path.basename(path), [])
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(100):
             try:
@@ -237,8 +238,8 @@ def test_proc_sys_is_not_writable(shared_sandbox: Sandbox, backend_name: str, pa
     assert found[path] in expected(backend_name, {errno.EROFS, errno.EACCES}, {errno.EACCES, errno.ENOENT})
     if before is not None:
         assert host_file.read_text() == before
-    if path.endswith("hostname"):
-        assert socket.gethostname() == before.strip()
+        if path.endswith("hostname"):
+            assert socket.gethostname() == before.strip()
 
 
 def test_sysrq_trigger_is_not_writable(shared_sandbox: Sandbox, backend_name: str) -> None:
