@@ -106,12 +106,14 @@ def test_secret_in_a_failing_command_is_redacted_in_the_error(secretive: Secreti
         result.check()
     assert secretive.token not in str(info.value)
     assert REDACTED in str(info.value)
+    assert info.value.result is not None
     assert secretive.token not in info.value.result.stderr
 
 
 def test_secret_in_partial_output_of_a_timeout_is_redacted(secretive: Secretive) -> None:
     with pytest.raises(ExecutionTimeoutError) as info:
         secretive.sandbox.exec_shell('echo "$API_TOKEN"; exec sleep 30', timeout=1)
+    assert info.value.result is not None
     assert info.value.result.stdout == REDACTED + "\n"
     assert secretive.token not in str(info.value)
 
