@@ -5,7 +5,9 @@ security choice, explained where it is set):
 
 * a non-root UID (65532) and GID, read-only root filesystem, every
   capability dropped, ``no-new-privileges``, AgentNest's seccomp profile;
-* no network (``network_mode=none``: loopback only);
+* no network (``network_mode=none``: loopback only), or with an egress
+  allowlist only a per-sandbox internal network whose one way out is a
+  filtering proxy container (see :mod:`.egress` and docs/egress.md);
 * memory (no swap), CPU, PID limits; ``/workspace`` and ``/tmp`` are tmpfs
   mounts with a fixed size, so the sandbox cannot fill the host's disk;
 * PID 1 is the deadline keeper, which reaps orphans like an init and
@@ -24,14 +26,16 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ...channel.streams import ByteStream, DockerMuxStream
 from ...config import SandboxConfig
 from ...errors import (
     BackendError,
+    ConfigurationError,
     ImageNotFoundError,
     MissingDependencyError,
     RuntimeNotAvailableError,
@@ -40,7 +44,7 @@ from ...errors import (
 from ...policy import NetworkMode
 from .. import bootstrap
 from ..base import Capability, RuntimeBackend, SandboxHandle
-from . import labels, seccomp
+from . import egress, labels, seccomp
 
 if TYPE_CHECKING:
     import docker
@@ -63,6 +67,27 @@ class DockerSpec:
             Docker CLI does.
         pull: try ``docker pull`` when an image is missing.
         python: the interpreter in the image that runs the agent.
+        egress_hosts: host name -> IP address, used by the egress proxy
+            instead of DNS for those names (``NetworkPolicy.allowlist``
+            sandboxes).  The way tests and air-gapped setups point allowed
+            names at local servers.  A mapped name must still be on the
+            allowlist, and a private mapped address still needs a ``cidrs``
+            entry.  (May move to the policy later.)
+        egress_network: the network the egress proxy uses for its way out
+            (``bridge``: the engine's default bridge).
+        egress_subnets: the IPv4 range each allowlisted sandbox's internal
+            /29 is drawn from.
+        proxy_image: the image the egress proxy runs in (needs python3 >=
+            3.8); ``None`` is the default base image.
+        proxy_oci_runtime: the OCI runtime of the proxy container.
+        network_oci_runtime: the OCI runtime of allowlisted sandboxes, which
+            need a network interface; ``None`` means ``oci_runtime``, except
+            ``runsc`` (registered with ``--network=none``), which becomes
+            ``runsc-host`` (``--network=host`` inside the container's own
+            network namespace, as ``make engine`` registers it).
+
+    .. versionchanged:: 0.4.0 the ``egress_*``, ``proxy_*`` and
+       ``network_oci_runtime`` fields.
     """
 
     type: str = "docker"
@@ -70,6 +95,30 @@ class DockerSpec:
     docker_host: str | None = None
     pull: bool = True
     python: str = "python3"
+    egress_hosts: Mapping[str, str] = field(default_factory=dict)
+    egress_network: str = "bridge"
+    egress_subnets: str = egress.DEFAULT_SUBNETS
+    proxy_image: str | None = None
+    proxy_oci_runtime: str = "runc"
+    network_oci_runtime: str | None = None
+
+    def __post_init__(self) -> None:
+        from ...egress.proxy import Rules
+
+        hosts: object = self.egress_hosts
+        if not isinstance(hosts, Mapping):
+            raise ConfigurationError(f"egress_hosts must map host names to addresses, not {hosts!r:.60}")
+        try:
+            Rules(hosts=dict(hosts))
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"egress_hosts: {exc}; use {{'name.example': '10.0.0.5'}}") from None
+        object.__setattr__(self, "egress_hosts", MappingProxyType(dict(hosts)))
+
+    def allowlist_oci_runtime(self) -> str:
+        """The OCI runtime an allowlisted sandbox runs with (see ``network_oci_runtime``)."""
+        if self.network_oci_runtime:
+            return self.network_oci_runtime
+        return "runsc-host" if self.oci_runtime == "runsc" else self.oci_runtime
 
 
 @contextlib.contextmanager
@@ -150,22 +199,23 @@ class DockerBackend(RuntimeBackend):
                 self._info = dict(self.api.info())
         return self._info
 
-    def check_runtime(self) -> None:
+    def check_runtime(self, oci_runtime: str | None = None) -> None:
+        runtime = oci_runtime or self.spec.oci_runtime
         runtimes = self.engine_info().get("Runtimes") or {}
-        if self.spec.oci_runtime not in runtimes:
+        if runtime not in runtimes:
             raise RuntimeNotAvailableError(
-                f"OCI runtime {self.spec.oci_runtime!r} is not registered with this Docker engine "
+                f"OCI runtime {runtime!r} is not registered with this Docker engine "
                 f"(it has: {', '.join(sorted(runtimes)) or 'none'}); install it and add it under "
-                "'runtimes' in /etc/docker/daemon.json (`make engine` does this for runsc)"
+                "'runtimes' in /etc/docker/daemon.json (`make engine` does this for runsc and runsc-host)"
             )
-        if self._is_gvisor():
-            spec = runtimes.get(self.spec.oci_runtime) or {}
+        if runtime.startswith("runsc"):
+            spec = runtimes.get(runtime) or {}
             args = spec.get("runtimeArgs") or []
             if "--oci-seccomp" not in args:
                 # Without it gVisor silently ignores the seccomp profile: refuse
                 # rather than hand out a sandbox weaker than it claims to be.
                 raise RuntimeNotAvailableError(
-                    f"OCI runtime {self.spec.oci_runtime!r} is registered without --oci-seccomp, so gVisor "
+                    f"OCI runtime {runtime!r} is registered without --oci-seccomp, so gVisor "
                     'would ignore AgentNest\'s seccomp profile; add "--oci-seccomp" to its runtimeArgs in '
                     "/etc/docker/daemon.json (`make engine` does) and reload dockerd"
                 )
@@ -189,25 +239,101 @@ class DockerBackend(RuntimeBackend):
         }
         if self.spec.oci_runtime == "runc":
             caps.add(Capability.NETWORK_OPEN)
+        if self.spec.oci_runtime == "runc" or self._is_gvisor():
+            # Tested on both (tests/integration/test_egress.py); other
+            # runtimes (Kata) are not, so they refuse rather than guess.
+            caps.add(Capability.EGRESS_DOMAINS)
         return frozenset(caps)
 
     # -- lifecycle -----------------------------------------------------------
 
     def create(self, config: SandboxConfig) -> SandboxHandle:
-        if config.network.mode is NetworkMode.ALLOWLIST:
+        allowlist = config.network.mode is NetworkMode.ALLOWLIST
+        if allowlist and Capability.EGRESS_DOMAINS not in self.capabilities():
             raise UnsupportedCapabilityError(
-                "the Docker backend cannot enforce a domain allowlist in this version; "
-                "use NetworkPolicy.denied() (fail closed: no sandbox was created)"
+                f"the egress allowlist is not available with OCI runtime {self.spec.oci_runtime!r} "
+                "(only runc and runsc are tested); use NetworkPolicy.denied() (no sandbox was created)"
             )
         if config.network.mode is NetworkMode.OPEN and Capability.NETWORK_OPEN not in self.capabilities():
             raise UnsupportedCapabilityError(
                 f"open networking is not available with OCI runtime {self.spec.oci_runtime!r}"
             )
-        self.check_runtime()
+        oci_runtime = self.spec.allowlist_oci_runtime() if allowlist else self.spec.oci_runtime
+        self.check_runtime(oci_runtime)
         self._ensure_image(config.image)
         sandbox_id = os.urandom(6).hex()
         created = time.time()
         deadline = created + config.lifetime
+        topology: egress.EgressTopology | None = None
+        proxy_start: _Background | None = None
+        if allowlist:
+            topology, proxy_start = self._start_egress(config, sandbox_id, created, deadline)
+        try:
+            handle = self._create_container(config, sandbox_id, created, deadline, oci_runtime, topology)
+        except BaseException:
+            if topology is not None:
+                self._teardown_egress(topology, proxy_start)
+            raise
+        if topology is not None:
+            handle.info["egress_topology"] = topology
+            handle.info["egress"] = topology.log
+            try:
+                assert proxy_start is not None
+                proxy_start.result()
+                topology.wait_ready()
+            except BaseException:
+                self.destroy(handle)
+                raise
+        return handle
+
+    def _start_egress(
+        self, config: SandboxConfig, sandbox_id: str, created: float, deadline: float
+    ) -> tuple[egress.EgressTopology, _Background]:
+        """Create the sandbox's internal network, and start its proxy in the background."""
+        from .images import base_image
+
+        self.check_runtime(self.spec.proxy_oci_runtime)
+        proxy_image = self.spec.proxy_image or base_image()
+        self._ensure_image(proxy_image)
+        topology = egress.EgressTopology(
+            self.api,
+            sandbox_id=sandbox_id,
+            backend=self.name,
+            created=created,
+            deadline=deadline,
+            policy=config.network,
+            hosts=self.spec.egress_hosts,
+            image=proxy_image,
+            python=self.spec.python,
+            oci_runtime=self.spec.proxy_oci_runtime,
+            egress_network=self.spec.egress_network,
+            subnets=self.spec.egress_subnets,
+            arch=self._arch(),
+            extra_labels=config.labels,
+        )
+        topology.create_network()
+        # The proxy and the sandbox container start at the same time; the
+        # proxy's address is fixed in advance, so neither waits for the other.
+        return topology, _Background(topology.start_proxy)
+
+    def _teardown_egress(self, topology: egress.EgressTopology, proxy_start: _Background | None) -> None:
+        if proxy_start is not None:
+            with contextlib.suppress(Exception):
+                proxy_start.result()
+        try:
+            topology.remove_proxy()
+        finally:
+            topology.remove_network()
+
+    def _create_container(
+        self,
+        config: SandboxConfig,
+        sandbox_id: str,
+        created: float,
+        deadline: float,
+        oci_runtime: str,
+        topology: egress.EgressTopology | None,
+    ) -> SandboxHandle:
         uid, _, gid = config.user.partition(":")
         gid = gid or uid
         limits = config.limits
@@ -220,6 +346,8 @@ class DockerBackend(RuntimeBackend):
         }
         env.update(config.container_environment())
         env["AGENTNEST_WORKSPACE"] = config.workdir
+        if topology is not None:
+            env.update(topology.sandbox_environment())
         api = self.api
         import docker.types
 
@@ -242,11 +370,16 @@ class DockerBackend(RuntimeBackend):
             # No capability at all, and no way to gain one through setuid binaries.
             cap_drop=["ALL"],
             security_opt=["no-new-privileges:true", f"seccomp={seccomp.profile_json(self._arch())}"],
-            network_mode="bridge" if config.network.mode is NetworkMode.OPEN else "none",
+            network_mode=self._network_mode(config, topology),
+            # With an allowlist, the embedded resolver's only upstream is the
+            # proxy's address, where nothing answers DNS: a query for any
+            # name other than the two containers' fails inside the sandbox's
+            # own network namespace, instead of reaching the host's resolvers.
+            dns=[topology.proxy_ip] if topology is not None else None,
             # No init process: PID 1 is the deadline keeper (see bootstrap),
             # which also reaps orphans.
             init=False,
-            runtime=self.spec.oci_runtime,
+            runtime=oci_runtime,
             ipc_mode="private",
             # No container log: the agent channel runs over the container's
             # stdio, so a log would keep every command's output (secrets
@@ -259,6 +392,11 @@ class DockerBackend(RuntimeBackend):
         )
         container_labels = labels.for_sandbox(sandbox_id, self.name, created, deadline)
         container_labels.update(config.labels)
+        networking = None
+        if topology is not None:
+            # types-docker says EndpointConfig; docker-py takes {network name: EndpointConfig}.
+            endpoint = api.create_endpoint_config(ipv4_address=topology.sandbox_ip)
+            networking = docker.types.NetworkingConfig({topology.network_name: endpoint})  # type: ignore[arg-type]
         with map_docker_errors("creating the sandbox container", config.image):
             cid = api.create_container(
                 config.image,
@@ -276,6 +414,7 @@ class DockerBackend(RuntimeBackend):
                 use_config_proxy=False,
                 hostname="sandbox",
                 name=f"agentnest-{sandbox_id}",
+                networking_config=networking,
             )["Id"]
         handle = SandboxHandle(
             id=sandbox_id,
@@ -324,6 +463,19 @@ class DockerBackend(RuntimeBackend):
         stream = handle.info.pop("stream", None)
         if isinstance(stream, ByteStream):
             stream.close()
+        # ``egress`` (the event log) stays on the handle: it is readable after destroy.
+        topology = handle.info.pop("egress_topology", None)
+        proxy_removal = _Background(topology.remove_proxy) if topology is not None else None
+        try:
+            self._remove_sandbox_container(handle)
+        finally:
+            if topology is not None and proxy_removal is not None:
+                try:
+                    proxy_removal.result()
+                finally:
+                    topology.remove_network()
+
+    def _remove_sandbox_container(self, handle: SandboxHandle) -> None:
         cid = handle.info.get("container")
         if not cid:
             return
@@ -376,6 +528,12 @@ class DockerBackend(RuntimeBackend):
             self._api = None
 
     # -- helpers -------------------------------------------------------------
+
+    @staticmethod
+    def _network_mode(config: SandboxConfig, topology: egress.EgressTopology | None) -> str:
+        if topology is not None:
+            return topology.network_name  # the internal network, and nothing else
+        return "bridge" if config.network.mode is NetworkMode.OPEN else "none"
 
     def _ulimits(self, config: SandboxConfig) -> list[Any]:
         import docker.types
@@ -437,6 +595,26 @@ class DockerBackend(RuntimeBackend):
             self.api.pull(repo, tag=tag)
         except (docker.errors.APIError, docker.errors.DockerException, OSError):
             raise ImageNotFoundError(_missing_image_hint(image)) from None
+
+
+class _Background:
+    """Run ``fn`` in a thread now; ``result()`` joins it and re-raises its exception."""
+
+    def __init__(self, fn: Any) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Any) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the caller of result()
+            self._error = exc
+
+    def result(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 @contextlib.contextmanager

@@ -1,0 +1,570 @@
+"""The egress allowlist on Docker: one filtering proxy and one internal network per sandbox.
+
+Topology (docs/egress.md draws it)::
+
+    sandbox ──(internal network, 198.18.x.y/29, no IPv4 on the host bridge)── proxy ── egress network ── out
+
+* The sandbox container joins **only** a per-sandbox ``internal`` bridge
+  network created with ``com.docker.network.bridge.inhibit_ipv4``: the
+  engine installs no route out of it, and the host bridge has no IPv4
+  address, so nothing on the host (a service on ``0.0.0.0`` included) is
+  reachable from it.  (A plain internal network leaves the gateway address
+  on the host: checked on Docker 20.10, a host service on 0.0.0.0 answers
+  there, and through it every other host address too.)
+* The proxy container (:mod:`agentnest.egress.proxy`, shipped as source in
+  its command line) sits on that network at a fixed address and on the
+  egress network (``bridge`` by default).  The sandbox gets
+  ``HTTP_PROXY``/``HTTPS_PROXY`` (both cases) pointing at it, and its
+  ``/etc/resolv.conf`` names only Docker's embedded resolver, whose
+  upstream is set to the proxy's address where nothing answers DNS: no
+  name leaves the sandbox.
+* The proxy is hardened like a sandbox (UID 65532, read-only root, no
+  capabilities, no-new-privileges, AgentNest's seccomp profile, PID and
+  memory limits, no log, no IP forwarding) and stops itself at the
+  sandbox's deadline.  Its stdout carries one JSON event per connection,
+  read here by a thread into an :class:`EgressLog`.
+
+The subnet is chosen here (a random ``/29`` in ``198.18.0.0/15``, the
+benchmarking range, retried on overlap) rather than by the engine, so that
+the proxy's address is known before either container exists and both can
+start at the same time.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import contextlib
+import ipaddress
+import json
+import math
+import random
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from ...channel.streams import DockerMuxStream
+from ...egress.proxy import EVENT_ALLOWED, EVENT_DENIED, EVENT_READY, REASONS
+from ...errors import BackendError, ConfigurationError
+from ...policy import NetworkPolicy
+from . import labels, seccomp
+
+if TYPE_CHECKING:
+    import docker
+
+#: The port the proxy listens on, on its internal-network address only.
+PROXY_PORT = 3128
+#: Where per-sandbox subnets are drawn from: RFC 2544's benchmarking range,
+#: which real networks rarely use and the proxy refuses as a destination.
+DEFAULT_SUBNETS = "198.18.0.0/15"
+#: One sandbox, one proxy, the (address-less) gateway: a /29 holds them.
+_PREFIX = 29
+#: How long ``create`` waits for the proxy to listen.
+READY_TIMEOUT = 30.0
+#: Events kept per sandbox for :meth:`EgressLog.log` (the oldest are dropped).
+LOG_SIZE = 1000
+#: Longest event line read from the proxy; a longer one is dropped.
+_MAX_LINE = 16 * 1024
+
+_LOADER = (
+    "import sys,types,zlib,base64\n"
+    "m=types.ModuleType('agentnest_egress_proxy');sys.modules[m.__name__]=m\n"
+    "exec(compile(zlib.decompress(base64.b64decode(sys.argv[1])),'<agentnest-egress-proxy>','exec'),m.__dict__)\n"
+    "sys.exit(m.main(sys.argv[2:]))\n"
+)
+
+
+@lru_cache(maxsize=1)
+def proxy_source_blob() -> str:
+    """The proxy's source, compressed and base64-encoded for its command line."""
+    source = (resources.files("agentnest.egress") / "proxy.py").read_bytes()
+    return base64.b64encode(zlib.compress(source, 9)).decode("ascii")
+
+
+def proxy_command(python: str, config: Mapping[str, Any]) -> list[str]:
+    """The argv that runs the proxy from source with ``config``.
+
+    The source travels in the command line (about 12 KB): nothing is
+    written to the container's filesystem, so its root stays read-only.
+    """
+    return [python, "-S", "-c", _LOADER, proxy_source_blob(), json.dumps(config, separators=(",", ":"))]
+
+
+# -- events ------------------------------------------------------------------------
+
+
+class EgressLog:
+    """The egress events of one sandbox, as its proxy reports them.
+
+    ``handle.info["egress"]`` of a Docker sandbox with an allowlist.  Each
+    event is a dict: ``type`` (``egress.allowed`` / ``egress.denied``),
+    ``host``, ``port``, ``address``, ``reason`` (a key of
+    :data:`agentnest.egress.REASONS`), ``detail``, ``method``,
+    ``bytes_up``, ``bytes_down``, ``duration`` (seconds), ``time`` (epoch
+    seconds, when the connection ended), ``sandbox``.  Lines from the proxy
+    are untrusted (it runs in a container next to hostile code): each is
+    bounded, parsed strictly, and dropped (counted in :attr:`invalid`) unless
+    every field has the right type and range.
+
+    .. versionadded:: 0.4.0
+    """
+
+    def __init__(self, sandbox_id: str, size: int = LOG_SIZE) -> None:
+        self.sandbox_id = sandbox_id
+        self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
+        self._subscribers: list[Callable[[dict[str, Any]], None]] = []
+        self._lock = threading.Lock()
+        self.ready = threading.Event()
+        self.closed = threading.Event()
+        self.invalid = 0
+        """Lines from the proxy that were not valid events (dropped)."""
+        self.callback_errors: collections.deque[BaseException] = collections.deque(maxlen=20)
+        """The latest exceptions raised by subscribers (they cannot reach a caller)."""
+        self.listen: tuple[str, int] | None = None
+
+    def subscribe(
+        self, callback: Callable[[dict[str, Any]], None], *, replay: bool = True
+    ) -> Callable[[], None]:
+        """Call ``callback(event)`` for every event, from the reader thread.
+
+        Args:
+            callback: receives a fresh copy of each event dict.  It should
+                not block; an exception it raises is kept in
+                :attr:`callback_errors` and does not stop other subscribers.
+            replay: first call it with the events already logged, so that
+                none is missed between ``create`` and subscribing.
+
+        Returns:
+            A function that unsubscribes.
+        """
+        with self._lock:
+            backlog = list(self._events) if replay else []
+            self._subscribers.append(callback)
+            for event in backlog:
+                self._call(callback, event)
+
+        def unsubscribe() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def log(self) -> list[dict[str, Any]]:
+        """The most recent events (up to ``size``), oldest first; copies."""
+        with self._lock:
+            return [dict(e) for e in self._events]
+
+    def feed_line(self, line: bytes) -> None:
+        """Take one line the proxy wrote (without its newline)."""
+        event = self._validate(line)
+        if event is None:
+            return
+        with self._lock:
+            self._events.append(event)
+            for callback in list(self._subscribers):
+                self._call(callback, event)
+
+    def _call(self, callback: Callable[[dict[str, Any]], None], event: dict[str, Any]) -> None:
+        try:
+            callback(dict(event))
+        except Exception as exc:  # a subscriber's bug must not stop the log
+            self.callback_errors.append(exc)
+
+    def _validate(self, line: bytes) -> dict[str, Any] | None:
+        try:
+            raw = json.loads(line)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raw = None
+        if not isinstance(raw, dict):
+            self.invalid += 1
+            return None
+        kind = raw.get("type")
+        if kind == EVENT_READY:
+            listen = raw.get("listen")
+            if (
+                isinstance(listen, list)
+                and len(listen) == 2
+                and isinstance(listen[0], str)
+                and isinstance(listen[1], int)
+            ):
+                self.listen = (listen[0][:64], listen[1])
+            self.ready.set()
+            return None
+        try:
+            event = {
+                "type": _choice(kind, (EVENT_ALLOWED, EVENT_DENIED)),
+                "host": _text(raw.get("host"), 255),
+                "port": _integer(raw.get("port"), 0, 65535),
+                "address": _address(raw.get("address")),
+                "reason": _choice(raw.get("reason"), tuple(REASONS)),
+                "detail": _text(raw.get("detail", ""), 300),
+                "method": _text(raw.get("method", ""), 16),
+                "bytes_up": _integer(raw.get("bytes_up"), 0, 2**62),
+                "bytes_down": _integer(raw.get("bytes_down"), 0, 2**62),
+                "duration": _number(raw.get("duration"), 0.0, 1e9),
+                "time": _number(raw.get("time"), 0.0, 1e11),
+                "sandbox": self.sandbox_id,
+            }
+        except ValueError:
+            self.invalid += 1
+            return None
+        return event
+
+
+def _choice(value: object, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(value)
+    return value
+
+
+def _text(value: object, limit: int) -> str:
+    if not isinstance(value, str) or len(value) > limit:
+        raise ValueError(value)
+    return value
+
+
+def _integer(value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(value)
+    return value
+
+
+def _number(value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(value)
+    number = float(value)
+    if not math.isfinite(number) or not low <= number <= high:
+        raise ValueError(value)
+    return number
+
+
+def _address(value: object) -> str:
+    if value == "":
+        return ""
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValueError(value)
+    return str(ipaddress.ip_address(value))
+
+
+def read_events(stream: DockerMuxStream, log: EgressLog) -> None:
+    """Feed ``log`` from the proxy's stdout until it ends (the reader thread's body)."""
+    buffer = bytearray()
+    skipping = False
+    try:
+        while True:
+            data = stream.read(65536)
+            if not data:
+                break
+            buffer += data
+            while True:
+                cut = buffer.find(b"\n")
+                if cut < 0:
+                    if len(buffer) > _MAX_LINE:
+                        # A line this long is not an event: drop it up to its end.
+                        buffer.clear()
+                        skipping = True
+                    break
+                line = bytes(buffer[:cut])
+                del buffer[: cut + 1]
+                if skipping:
+                    skipping = False
+                    log.invalid += 1
+                    continue
+                if len(line) <= _MAX_LINE:
+                    log.feed_line(line)
+                else:
+                    log.invalid += 1
+    except OSError:
+        pass  # the stream was closed by destroy
+    finally:
+        log.closed.set()
+        log.ready.set()  # wake a waiter: ``closed`` says the proxy ended
+
+
+# -- topology ----------------------------------------------------------------------
+
+
+class EgressTopology:
+    """The internal network and the proxy container of one sandbox.
+
+    Create it, :meth:`create_network`, then (possibly in another thread,
+    while the sandbox container starts) :meth:`start_proxy`, and
+    :meth:`wait_ready`.  :meth:`remove_proxy` and :meth:`remove_network`
+    undo it; both are idempotent.
+    """
+
+    def __init__(
+        self,
+        api: docker.APIClient,
+        *,
+        sandbox_id: str,
+        backend: str,
+        created: float,
+        deadline: float,
+        policy: NetworkPolicy,
+        hosts: Mapping[str, str],
+        image: str,
+        python: str,
+        oci_runtime: str,
+        egress_network: str,
+        subnets: str,
+        arch: str,
+        extra_labels: Mapping[str, str],
+    ) -> None:
+        self.api = api
+        self.sandbox_id = sandbox_id
+        self.policy = policy
+        self.hosts = dict(hosts)
+        self.image = image
+        self.python = python
+        self.oci_runtime = oci_runtime
+        self.egress_network = egress_network
+        self.subnets = subnets
+        self.arch = arch
+        self.deadline = deadline
+        self.network_name = f"agentnest-{sandbox_id}-net"
+        self.proxy_name = f"agentnest-{sandbox_id}-proxy"
+        self.labels = labels.for_sandbox(sandbox_id, backend, created, deadline, role="proxy")
+        self.labels.update(extra_labels)
+        self.network_labels = dict(self.labels)
+        self.network_labels[labels.ROLE] = "egress-network"
+        self.network_id: str | None = None
+        self.proxy_id: str | None = None
+        self.subnet: ipaddress.IPv4Network | None = None
+        self.log = EgressLog(sandbox_id)
+        self._stream: DockerMuxStream | None = None
+        self._reader: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # -- addresses -------------------------------------------------------------------
+
+    @property
+    def proxy_ip(self) -> str:
+        assert self.subnet is not None
+        return str(self.subnet.network_address + 2)
+
+    @property
+    def sandbox_ip(self) -> str:
+        assert self.subnet is not None
+        return str(self.subnet.network_address + 3)
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://{self.proxy_ip}:{PROXY_PORT}"
+
+    def sandbox_environment(self) -> dict[str, str]:
+        """Variables that send HTTP(S) clients to the proxy (both spellings)."""
+        url = self.proxy_url
+        env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+        # Nothing bypasses the proxy; and there is no other route anyway.
+        env.update({"NO_PROXY": "", "no_proxy": ""})
+        return env
+
+    # -- network ---------------------------------------------------------------------
+
+    def create_network(self) -> None:
+        """Create the sandbox's internal network on a free random /29."""
+        import docker.errors
+        from docker.types import IPAMConfig, IPAMPool
+
+        from .backend import map_docker_errors
+
+        pool = ipaddress.ip_network(self.subnets)
+        if not isinstance(pool, ipaddress.IPv4Network) or pool.prefixlen > _PREFIX:
+            raise ConfigurationError(
+                f"egress_subnets={self.subnets!r} must be an IPv4 range of /{_PREFIX} or larger"
+            )
+        count = 2 ** (_PREFIX - pool.prefixlen)
+        rng = random.SystemRandom()
+        last_error = ""
+        for _ in range(16):
+            subnet = ipaddress.IPv4Network((int(pool.network_address) + rng.randrange(count) * 8, _PREFIX))
+            gateway = str(subnet.network_address + 1)
+            try:
+                with map_docker_errors("creating the sandbox's egress network"):
+                    created = self.api.create_network(
+                        self.network_name,
+                        driver="bridge",
+                        # No route out: the engine drops forwarding to and from it.
+                        internal=True,
+                        options={
+                            # No IPv4 address on the host's side of the bridge, so
+                            # the host (its services on 0.0.0.0 included) is
+                            # unreachable: an internal network alone leaves the
+                            # gateway address, and through it the host, open.
+                            "com.docker.network.bridge.inhibit_ipv4": "true",
+                            # Only the proxy and this sandbox are on it anyway.
+                            "com.docker.network.bridge.enable_icc": "true",
+                        },
+                        ipam=IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet), gateway=gateway)]),
+                        enable_ipv6=False,
+                        labels=self.network_labels,
+                        check_duplicate=True,
+                    )
+            except BackendError as exc:
+                last_error = str(exc)
+                if "overlap" in last_error.lower():
+                    continue  # another network holds this subnet: draw again
+                raise
+            except docker.errors.APIError as exc:  # pragma: no cover - mapped above
+                raise BackendError(str(exc)) from None
+            self.network_id = str(created["Id"])
+            self.subnet = subnet
+            return
+        raise BackendError(
+            f"no free /{_PREFIX} left for the egress network in {self.subnets} ({last_error}); "
+            "remove unused networks (`agentnest prune`) or set DockerSpec(egress_subnets=...)"
+        )
+
+    # -- proxy -----------------------------------------------------------------------
+
+    def proxy_config(self) -> dict[str, Any]:
+        assert self.subnet is not None
+        return {
+            "listen": [self.proxy_ip, PROXY_PORT],
+            # Only the sandbox may use it (the egress side must not).
+            "clients": [str(self.subnet)],
+            "domains": list(self.policy.domains),
+            "cidrs": list(self.policy.cidrs),
+            "ports": list(self.policy.ports),
+            "hosts": self.hosts,
+            "deadline": self.deadline,
+        }
+
+    def start_proxy(self) -> None:
+        """Create, attach to and start the proxy container (not waiting for it to listen)."""
+        import docker.types
+
+        from .backend import _raw_socket, map_docker_errors
+
+        api = self.api
+        host_config = api.create_host_config(
+            mem_limit="128m",
+            memswap_limit="128m",
+            nano_cpus=1_000_000_000,
+            # asyncio's resolver threads and the interpreter: a few dozen.
+            pids_limit=64,
+            read_only=True,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges:true", f"seccomp={seccomp.profile_json(self.arch)}"],
+            network_mode=self.network_name,
+            # The proxy must never route the sandbox's packets itself.
+            sysctls={"net.ipv4.ip_forward": "0"},
+            init=False,
+            runtime=self.oci_runtime,
+            ipc_mode="private",
+            # Events travel over the attach stream; no log copies them.
+            log_config=docker.types.LogConfig(type="none", config={}),
+            ulimits=[
+                docker.types.Ulimit(name="core", soft=0, hard=0),
+                docker.types.Ulimit(name="nofile", soft=4096, hard=4096),
+            ],
+            oom_score_adj=500,
+        )
+        # types-docker says EndpointConfig; docker-py takes {network name: EndpointConfig}.
+        networking = docker.types.NetworkingConfig(
+            {self.network_name: api.create_endpoint_config(ipv4_address=self.proxy_ip)}  # type: ignore[arg-type]
+        )
+        with map_docker_errors("creating the egress proxy container", self.image):
+            cid = api.create_container(
+                self.image,
+                command=proxy_command(self.python, self.proxy_config()),
+                user="65532:65532",
+                environment={"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"},
+                labels=self.labels,
+                host_config=host_config,
+                networking_config=networking,
+                stdin_open=False,
+                tty=False,
+                use_config_proxy=False,
+                hostname="agentnest-proxy",
+                name=self.proxy_name,
+            )["Id"]
+        with self._lock:
+            self.proxy_id = str(cid)
+        with map_docker_errors("connecting the egress proxy to its egress network"):
+            api.connect_container_to_network(cid, self.egress_network)
+        with map_docker_errors("starting the egress proxy", self.image):
+            wrapper = api.attach_socket(cid, params={"stdout": 1, "stderr": 1, "stream": 1})
+            self._stream = DockerMuxStream(_raw_socket(wrapper), owner=wrapper)
+            self._reader = threading.Thread(
+                target=read_events,
+                args=(self._stream, self.log),
+                name=f"agentnest-egress-{self.sandbox_id}",
+                daemon=True,
+            )
+            self._reader.start()
+            api.start(cid)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Block until the proxy listens.
+
+        Raises:
+            BackendError: it exited or did not start listening in time.
+        """
+        if not self.log.ready.wait(timeout) or self.log.listen is None:
+            tail = self._stream.diagnostics()[-500:] if self._stream is not None else ""
+            state = "exited" if self.log.closed.is_set() else f"did not listen within {timeout:.0f} s"
+            raise BackendError(
+                f"the egress proxy of sandbox {self.sandbox_id} {state}; it needs python3 >= 3.8 in "
+                f"{self.image!r} (DockerSpec(proxy_image=...)). Its stderr: {tail or '(empty)'}"
+            )
+
+    # -- teardown --------------------------------------------------------------------
+
+    def remove_proxy(self) -> None:
+        with self._lock:
+            cid, self.proxy_id = self.proxy_id, None
+        if cid is not None:
+            _remove_container(self.api, cid)
+        if self._stream is not None:
+            self._stream.close()
+        if self._reader is not None:
+            self._reader.join(5)
+
+    def remove_network(self) -> None:
+        import docker.errors
+
+        from .backend import map_docker_errors
+
+        nid, self.network_id = self.network_id, None
+        if nid is None:
+            return
+        with map_docker_errors("removing the sandbox's egress network"):
+            for attempt in range(20):
+                try:
+                    self.api.remove_network(nid)
+                    return
+                except docker.errors.NotFound:
+                    return
+                except docker.errors.APIError as exc:
+                    # An endpoint still being released by a container removal.
+                    if "active endpoints" not in _explain(exc) or attempt == 19:
+                        raise
+                    time.sleep(0.05)
+
+
+def _remove_container(api: Any, cid: str) -> None:
+    import docker.errors
+
+    from .backend import map_docker_errors
+
+    with map_docker_errors("removing the egress proxy container"):
+        try:
+            api.remove_container(cid, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # removal already in progress
+                raise
+
+
+def _explain(exc: Any) -> str:
+    return str(getattr(exc, "explanation", None) or exc)
+
+
+__all__ = ["DEFAULT_SUBNETS", "PROXY_PORT", "EgressLog", "EgressTopology", "proxy_command"]
