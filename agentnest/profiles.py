@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .approvals import APPROVAL_KINDS, ApprovalRule, RuleApprover
-from .config import ResourceLimits, _freeze_env, parse_size
+from .config import ResourceLimits, SandboxConfig, _freeze_env, parse_size
 from .errors import ConfigurationError, MissingDependencyError, ProfileError
 from .policy import NetworkPolicy, SecurityPolicy
 
@@ -444,7 +444,7 @@ def _build(w: _Where, name: str, settings: dict[str, Any], line: int) -> Profile
         raise w.error(line, where, str(exc)) from None
     try:
         # Cross-field checks (workspace + scratch must fit in memory), with Sandbox's defaults.
-        ResourceLimits.build(
+        limits = ResourceLimits.build(
             settings.get("memory", "512m"),
             settings.get("cpus", 1.0),
             settings.get("pids", 256),
@@ -455,6 +455,12 @@ def _build(w: _Where, name: str, settings: dict[str, Any], line: int) -> Profile
         raise w.error(line, where, str(exc)) from None
     if "timeout" in settings and not 1 <= settings["timeout"] <= 7 * 24 * 3600:
         raise w.error(line, f"{where}.timeout", "is out of range; use 1 to 604800 seconds")
+    # A profile must not ask for more than its own ceilings allow.
+    reason = policy.check_limits(
+        SandboxConfig(image="profile", lifetime=settings.get("timeout", 300.0), limits=limits)
+    )
+    if reason:
+        raise w.error(line, where, reason)
     return Profile(
         name=name,
         image=settings.get("image"),

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import AgentNestError, ConfigurationError
-from . import audit, backends, demo, doctor, image, prune, run
+from . import audit, backends, demo, doctor, image, profiles, prune, run
 from ._output import error
 
 #: The commands in the order ``agentnest --help`` lists them.
-COMMANDS = (demo, doctor, run, backends, image, prune, audit)
+COMMANDS = (demo, doctor, run, backends, image, profiles, prune, audit)
 
 _EPILOG = """\
 examples:
@@ -27,6 +27,7 @@ examples:
   agentnest run -- python3 -c 'print(6 * 7)'
   agentnest prune --dry-run             # what expired sandboxes left behind
   agentnest audit --since 1h --follow   # recent sandbox events, then new ones
+  agentnest run --profile strict -- python3 -V
 
 Run `agentnest COMMAND --help` for a command's options and examples.
 """

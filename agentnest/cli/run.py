@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import ConfigurationError, ExecutionTimeoutError
+from ..policy import SecurityPolicy
 from ._output import Commands, add_command, positive_float
 
 #: The exit code of a command killed by ``--timeout``, as coreutils ``timeout`` uses.
@@ -22,8 +25,15 @@ A single quoted string with spaces is split into words like a shell would
 The exit code is the command's own; 124 if it ran past --timeout (its output
 so far is printed), 1 if the sandbox could not be created.
 
+Options left out come from --profile (a profile of agentnest.yaml, found by
+--profile-file, $AGENTNEST_PROFILE_FILE or the working directory), else from
+the defaults shown.  --approve prompt asks on this terminal before every
+operation (each question waits up to 5 minutes, then the answer is no).
+
 examples:
   agentnest run -- python3 -c 'print(6 * 7)'
+  agentnest run --profile strict -- python3 -V
+  agentnest run --approve prompt -- sh -c 'rm -rf /workspace/*'
   agentnest run --timeout 5 -- sh -c 'echo start; sleep 60'      # exits 124 after 5 s
   agentnest run --memory 1g --image python:3.12-slim -- python3 -V
   agentnest run "ls -la /workspace"
@@ -44,7 +54,6 @@ def register(commands: Commands) -> None:
     )
     parser.add_argument(
         "--backend",
-        default="docker",
         help="docker (runc), gvisor (runsc), kata or a plug-in (default: docker)",
     )
     parser.add_argument(
@@ -57,16 +66,26 @@ def register(commands: Commands) -> None:
         "--lifetime",
         type=positive_float,
         metavar="SECONDS",
-        help="the sandbox stops itself after SECONDS even if this process dies (default: 600, "
-        "or --timeout + 60 if that is longer)",
+        help="the sandbox stops itself after SECONDS even if this process dies (default: the "
+        "profile's timeout, else 600, or --timeout + 60 if that is longer)",
     )
-    parser.add_argument("--memory", default="512m", help="memory limit, e.g. 512m or 2g (default: 512m)")
-    parser.add_argument("--cpus", type=positive_float, default=1.0, help="CPU limit (default: 1.0)")
+    parser.add_argument("--memory", help="memory limit, e.g. 512m or 2g (default: 512m)")
+    parser.add_argument("--cpus", type=positive_float, help="CPU limit (default: 1.0)")
     parser.add_argument(
         "--network",
         choices=("denied", "open"),
-        default="denied",
         help="denied (default: loopback only) or open (unfiltered, runc only: use with care)",
+    )
+    parser.add_argument("--profile", metavar="NAME", help="take settings and policy from this profile")
+    parser.add_argument(
+        "--profile-file",
+        metavar="PATH",
+        help="the profile file (default: $AGENTNEST_PROFILE_FILE, ./agentnest.yaml)",
+    )
+    parser.add_argument(
+        "--approve",
+        choices=("allow", "deny", "prompt"),
+        help="an approval hook for every operation: allow, deny, or prompt (ask on this terminal)",
     )
     parser.add_argument(
         "-e",
@@ -105,28 +124,63 @@ def command_argv(words: Sequence[str]) -> list[str]:
     return argv
 
 
+#: How long ``--approve prompt`` waits for a person's answer.
+PROMPT_TIMEOUT = 300.0
+
+
+def sandbox_options(args: argparse.Namespace, timeout: float | None) -> dict[str, Any]:
+    """``Sandbox`` arguments from the options given (a profile fills in the rest)."""
+    from ..approvals import builtin
+    from ..profiles import find_profile_file, load_profiles
+
+    options: dict[str, Any] = {}
+    if args.profile_file and not args.profile:
+        raise ConfigurationError("--profile-file needs --profile NAME")
+    if args.profile:
+        path = find_profile_file(args.profile_file)
+        if path is None:
+            raise ConfigurationError(
+                f"--profile {args.profile}: no profile file; pass --profile-file, set "
+                "$AGENTNEST_PROFILE_FILE or create agentnest.yaml here"
+            )
+        options["profile"] = load_profiles(path).get(args.profile)
+    lifetime: float | None = args.lifetime
+    profile_lifetime = options["profile"].timeout if "profile" in options else None
+    if lifetime is None and profile_lifetime is None:
+        lifetime = max(600.0, (timeout or 0.0) + 60.0)
+    effective = lifetime if lifetime is not None else profile_lifetime
+    if timeout is not None and effective is not None and timeout >= effective:
+        raise ConfigurationError(f"--timeout {timeout:g} must be shorter than the lifetime {effective:g}")
+    if lifetime is not None:
+        options["timeout"] = lifetime
+    for name in ("image", "memory", "cpus", "backend"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    if args.env:
+        options["environment"] = dict(args.env)
+    if args.network is not None:
+        options["network_enabled"] = args.network == "open"
+    if args.approve is not None:
+        options["approval_hook"] = builtin(args.approve)
+        if args.approve == "prompt":
+            # A person needs longer than a program to answer; keep the rest of the policy.
+            base = options["profile"].security_policy if "profile" in options else SecurityPolicy()
+            options["security_policy"] = dataclasses.replace(base, approval_timeout=PROMPT_TIMEOUT)
+    return options
+
+
 def handle(args: argparse.Namespace) -> int:
     """Create the sandbox, stream the command, destroy the sandbox; return its exit code."""
     from ..sandbox import Sandbox
 
     argv = command_argv(args.command)
     timeout: float | None = args.timeout
-    lifetime: float = args.lifetime or max(600.0, (timeout or 0.0) + 60.0)
-    if timeout is not None and timeout >= lifetime:
-        raise ConfigurationError(f"--timeout {timeout:g} must be shorter than --lifetime {lifetime:g}")
+    options = sandbox_options(args, timeout)
     if args.network == "open":
         print(
             "agentnest: warning: the sandbox has unfiltered network access (--network open)", file=sys.stderr
         )
-    with Sandbox(
-        args.image,
-        lifetime,
-        environment=dict(args.env),
-        memory=args.memory,
-        cpus=args.cpus,
-        backend=args.backend,
-        network_enabled=args.network == "open",
-    ) as sandbox:
+    with Sandbox(**options) as sandbox:
         stream = sandbox.stream_exec(argv, timeout=timeout)
         try:
             for chunk in stream:

@@ -6,7 +6,7 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,12 +16,13 @@ from agentnest.config import ResourceLimits, SandboxConfig
 from agentnest.errors import (
     AgentNestError,
     ConfigurationError,
+    ExecutionError,
     FileAccessError,
     PolicyDeniedError,
     UnsupportedCapabilityError,
 )
 from agentnest.events import EventType, MemoryObserver
-from agentnest.guard import MAX_ARG, ApprovalRequest, Guard
+from agentnest.guard import MAX_ARG, ApprovalRequest, Guard, scrub_errors
 from agentnest.policy import NetworkPolicy, SecurityPolicy
 from agentnest.runtime.base import Capability
 from agentnest.secrets import REDACTED, Secret
@@ -560,3 +561,46 @@ def test_check_create_asks_approval_for_network() -> None:
     seen.clear()
     make_guard(recorder(seen, False)).check_create(ALL_NETWORK)
     assert seen == []
+
+
+# -- secrets in exception messages ---------------------------------------------------
+
+
+def test_scrub_redacts_message_and_text_attributes() -> None:
+    guard = make_guard(environment={"TOKEN": Secret("tok-abc123")})
+    exc = FileAccessError(
+        "no such file: /workspace/tok-abc123", path="/workspace/tok-abc123", code="not_found"
+    )
+    guard.scrub(exc)
+    assert "tok-abc123" not in str(exc) and "tok-abc123" not in (exc.path or "")
+    assert REDACTED in str(exc)
+    assert exc.code == "not_found"  # codes are ours, never redacted
+
+
+def test_scrub_errors_wraps_methods_generators_and_keeps_aliases() -> None:
+    @scrub_errors
+    class Face:
+        def __init__(self) -> None:
+            self._guard = make_guard(environment={"TOKEN": Secret("tok-abc123")})
+
+        def fail(self) -> None:
+            raise ExecutionError("stderr said tok-abc123")
+
+        def chunks(self) -> Iterator[int]:
+            yield 1
+            raise FileAccessError("gone: tok-abc123", path="tok-abc123")
+
+        def other(self) -> ValueError:
+            return ValueError("tok-abc123")  # not raised, not ours: untouched
+
+        alias = fail
+
+    face = Face()
+    with pytest.raises(ExecutionError) as info:
+        face.fail()
+    assert str(info.value) == f"stderr said {REDACTED}"
+    with pytest.raises(FileAccessError) as err:
+        list(face.chunks())
+    assert "tok-abc123" not in str(err.value) and err.value.path == REDACTED
+    assert Face.alias is Face.fail
+    assert str(face.other()) == "tok-abc123"

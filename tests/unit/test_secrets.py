@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import pickle
 import random
+import re
+import urllib.parse
+from typing import Any
 
 import pytest
 
+from agentnest.config import SandboxConfig
 from agentnest.errors import AgentNestError, ConfigurationError
-from agentnest.secrets import REDACTED, Secret, StreamRedactor, redact
+from agentnest.secrets import REDACTED, SECRET_DIR, Secret, StreamRedactor, expand, redact, secret_forms
 
 VALUE = "s3cr3t-t0ken-XYZ"
 
@@ -228,3 +233,101 @@ def test_stream_matches_one_shot_redaction_for_any_chunking() -> None:
 def test_errors_are_agentnest_errors() -> None:
     with pytest.raises(AgentNestError):
         Secret("")
+
+
+# -- encoded forms (docs/secrets.md promises exactly these) ------------------------------
+
+
+TOKEN = "sk-live_4f9a+b/c=Zq"  # has characters that base64 and percent-encoding change
+
+
+def hidden(text: str, value: str = TOKEN) -> str:
+    return redact(text, expand((value,)))
+
+
+@pytest.mark.parametrize("encode", [base64.b64encode, base64.urlsafe_b64encode], ids=["std", "urlsafe"])
+def test_base64_of_the_value_is_redacted(encode: Any) -> None:
+    whole = encode(TOKEN.encode()).decode()
+    out = hidden(f"token={whole}!")
+    assert whole not in out and whole.rstrip("=") not in out
+    assert out == f"token={REDACTED}!"
+
+
+@pytest.mark.parametrize("prefix", ["", "u", "us", "user:", "a-longer-user:"])
+@pytest.mark.parametrize("suffix", ["", "x", "xy", ":more"])
+def test_base64_of_a_text_containing_the_value_is_redacted_at_every_alignment(
+    prefix: str, suffix: str
+) -> None:
+    encoded = base64.b64encode(f"{prefix}{TOKEN}{suffix}".encode()).decode()
+    out = hidden("Authorization: Basic " + encoded)
+    assert out.count(REDACTED) == 1
+    # Only the characters that also depend on the bytes around the secret remain
+    # (at most 3 on each side), never enough to rebuild it.
+    leftover = out.split()[-1].replace(REDACTED, "")
+    around = len(base64.b64encode(prefix.encode())) + len(base64.b64encode(suffix.encode()))
+    assert len(leftover) <= around + 6
+
+
+def test_percent_encoded_forms_are_redacted() -> None:
+    for form in (
+        urllib.parse.quote(TOKEN, safe=""),
+        urllib.parse.quote_plus(TOKEN, safe=""),
+        re.sub("%[0-9A-F]{2}", lambda m: m.group(0).lower(), urllib.parse.quote(TOKEN, safe="")),
+    ):
+        assert form != TOKEN
+        assert hidden(f"GET /?key={form}&x=1") == f"GET /?key={REDACTED}&x=1"
+
+
+def test_hex_forms_are_redacted() -> None:
+    raw = TOKEN.encode()
+    assert hidden(raw.hex()) == REDACTED
+    assert hidden(raw.hex().upper()) == REDACTED
+
+
+def test_short_secrets_only_match_whole_encodings() -> None:
+    # A 3-byte secret has no base64 core long enough to match safely inside other text.
+    forms = secret_forms("abc")
+    assert "abc" in forms and base64.b64encode(b"abc").decode() in forms
+    assert all(len(f) >= 3 for f in forms)
+    assert hidden(base64.b64encode(b"xxabcxx").decode(), "abc") == base64.b64encode(b"xxabcxx").decode()
+
+
+def test_other_transformations_are_not_claimed() -> None:
+    # Documented limits: a reversed or split secret is not recognised.
+    assert hidden(TOKEN[::-1]) == TOKEN[::-1]
+    assert hidden(" ".join(TOKEN)) == " ".join(TOKEN)
+
+
+def test_an_encoded_secret_split_across_stream_chunks_is_redacted() -> None:
+    encoded = base64.b64encode(TOKEN.encode()).decode()
+    text = f"before {encoded} after"
+    for cut in range(1, len(text)):
+        red = StreamRedactor(expand((TOKEN,)))
+        out = stream(red, [text[:cut], text[cut:]])
+        assert out == f"before {REDACTED} after", cut
+
+
+# -- secrets as files -------------------------------------------------------------------
+
+
+def test_secret_as_file_repr_and_equality() -> None:
+    s = Secret(VALUE, as_file=True)
+    assert VALUE not in repr(s) and "as_file=True" in repr(s)
+    assert s != Secret(VALUE)
+    assert s == Secret(VALUE, as_file=True)
+
+
+def test_file_secrets_stay_out_of_the_container_environment() -> None:
+    config = SandboxConfig(
+        image="img", environment={"API_KEY": Secret(VALUE, as_file=True), "TOKEN": Secret("t0k3n"), "A": "b"}
+    )
+    env = config.container_environment()
+    assert env == {"API_KEY_FILE": f"{SECRET_DIR}/API_KEY", "TOKEN": "t0k3n", "A": "b"}
+    assert VALUE not in repr(env)
+    assert config.secret_files == {"API_KEY": VALUE}
+    assert set(config.secrets) == {VALUE, "t0k3n"}
+
+
+def test_file_secret_name_file_conflict_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="API_KEY_FILE"):
+        SandboxConfig(image="img", environment={"API_KEY": Secret(VALUE, as_file=True), "API_KEY_FILE": "/x"})
