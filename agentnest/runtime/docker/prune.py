@@ -6,6 +6,12 @@ keeper stops a container at its deadline, but a stopped container, its
 networks and volumes stay on the engine until someone removes them; after a
 crash of the host process nobody will, so ``prune`` does.
 
+An allowlisted sandbox also owns an egress proxy container
+(``agentnest.role=proxy``) and an internal network
+(``agentnest.role=egress-network``) with the same labels, so they are
+reaped with it; and a proxy or network whose sandbox container is gone (a
+crash between the two removals) is reaped too, deadline or not.
+
 Example::
 
     report = prune(get_backend("docker").api, dry_run=True)
@@ -27,6 +33,11 @@ from .backend import map_docker_errors
 EXPIRED = "expired"
 OWNER_GONE = "owner gone"
 EVERYTHING = "all"
+SANDBOX_GONE = "sandbox gone"
+#: A proxy or egress network younger than this is never "sandbox gone": its
+#: sandbox container may still be being created next to it.
+SANDBOX_GONE_GRACE = 120.0
+_PROXY_ROLES = ("proxy", "egress-network")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +56,7 @@ class PrunedResource:
     deadline: float | None
     """Epoch seconds from the deadline label; ``None`` if missing or invalid."""
     reason: str
-    """``expired``, ``owner gone`` or ``all``."""
+    """``expired``, ``owner gone``, ``sandbox gone`` or ``all``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +88,17 @@ def prune(
     dry_run: bool = False,
     orphans: bool = False,
     everything: bool = False,
+    sandbox: str | None = None,
 ) -> PruneReport:
     """Remove AgentNest's containers, networks and volumes that are due.
 
     A resource is due when its deadline has passed, or (``orphans=True``)
     when the process that created it ran on this host and has exited, or
-    always with ``everything=True`` (running sandboxes included).  Resources
-    without ``agentnest.managed=true`` are never touched.  Containers go
+    always with ``everything=True`` (running sandboxes included).  An egress
+    proxy container or network whose sandbox container no longer exists is
+    due as well (``sandbox gone``; after a grace period for sandboxes being
+    created).  Resources without ``agentnest.managed=true`` are never
+    touched.  Containers go
     first (forcefully, with their anonymous volumes), so that the networks
     and volumes they used are free when their turn comes.
 
@@ -93,6 +108,7 @@ def prune(
         dry_run: only report what would be removed.
         orphans: also remove resources whose owner process is gone.
         everything: remove every AgentNest resource.
+        sandbox: only consider the resources of this sandbox id.
 
     Returns:
         A :class:`PruneReport`.  A resource another process removed at the
@@ -107,6 +123,8 @@ def prune(
 
     moment = time.time() if now is None else now
     selector = {"label": [f"{labels.MANAGED}=true"]}
+    if sandbox is not None:
+        selector["label"].append(f"{labels.SANDBOX}={sandbox}")
 
     def pick(kind: str, rid: str, name: str, tags: Mapping[str, str] | None) -> PrunedResource | None:
         tags = tags or {}
@@ -148,6 +166,21 @@ def prune(
             if exc.status_code != 409:
                 raise
 
+    def sandbox_gone(
+        kind: str, rid: str, name: str, tags: Mapping[str, str] | None, alive: set[str]
+    ) -> PrunedResource | None:
+        """A proxy or egress network left without its sandbox container."""
+        tags = tags or {}
+        sid = tags.get(labels.SANDBOX, "")
+        created = _parse_deadline(tags.get(labels.CREATED))
+        if tags.get(labels.ROLE) not in _PROXY_ROLES or not sid or sid in alive:
+            return None
+        if created is None or moment - created < SANDBOX_GONE_GRACE:
+            return None
+        owner = tags.get(labels.OWNER, "")
+        deadline = _parse_deadline(tags.get(labels.DEADLINE))
+        return PrunedResource(kind, rid, name, sid, owner, deadline, SANDBOX_GONE)
+
     with map_docker_errors("listing AgentNest containers"):
         raw_containers = api.containers(all=True, filters=selector)
     found = [
@@ -155,15 +188,36 @@ def prune(
         for c in raw_containers
         if (r := pick("container", c["Id"], _container_name(c), c.get("Labels"))) is not None
     ]
+    chosen = {r.id for r in found}
+    # Sandboxes whose sandbox container stays: their proxies and networks stay too.
+    alive = {
+        (c.get("Labels") or {}).get(labels.SANDBOX, "")
+        for c in raw_containers
+        if c["Id"] not in chosen and (c.get("Labels") or {}).get(labels.ROLE) not in _PROXY_ROLES
+    }
+    found += [
+        r
+        for c in raw_containers
+        if c["Id"] not in chosen
+        and (r := sandbox_gone("container", c["Id"], _container_name(c), c.get("Labels"), alive)) is not None
+    ]
     containers = sweep(found, remove_container)
+    removed = {r.id for r in containers}
+    # A network stays while any container of its sandbox stays.
+    in_use = {
+        (c.get("Labels") or {}).get(labels.SANDBOX, "") for c in raw_containers if c["Id"] not in removed
+    }
 
     with map_docker_errors("listing AgentNest networks"):
         raw_networks = api.networks(filters=selector)
-    found = [
-        r
-        for n in raw_networks
-        if (r := pick("network", n["Id"], n.get("Name") or n["Id"][:12], n.get("Labels"))) is not None
-    ]
+    found = []
+    for n in raw_networks:
+        name = n.get("Name") or n["Id"][:12]
+        r = pick("network", n["Id"], name, n.get("Labels"))
+        if r is None:
+            r = sandbox_gone("network", n["Id"], name, n.get("Labels"), in_use)
+        if r is not None:
+            found.append(r)
     networks = sweep(found, lambda r: api.remove_network(r.id))
 
     with map_docker_errors("listing AgentNest volumes"):
@@ -199,4 +253,4 @@ def _explain(exc: BaseException) -> str:
     return str(text)[:300]
 
 
-__all__ = ["EVERYTHING", "EXPIRED", "OWNER_GONE", "PruneReport", "PrunedResource", "prune"]
+__all__ = ["EVERYTHING", "EXPIRED", "OWNER_GONE", "SANDBOX_GONE", "PruneReport", "PrunedResource", "prune"]
