@@ -133,21 +133,33 @@ class _LoopBridge:
         self._token = anyio.lowlevel.current_token()
         self._loop_thread = threading.get_ident()
 
-    def wrap(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def wrap(self, fn: Callable[[Any], Any], timeout: float | None = None) -> Callable[[Any], Any]:
+        """``fn`` for the guard's threads; a coroutine it returns is awaited in this loop.
+
+        With ``timeout``, the coroutine is cancelled after that many seconds
+        (the guard has denied by then: it waits ``approval_timeout``, and
+        approval hooks get one second more here).
+        """
+
         def call(arg: Any) -> Any:
             answer = fn(arg)
-            return self.resolve(answer) if inspect.isawaitable(answer) else answer
+            return self.resolve(answer, timeout) if inspect.isawaitable(answer) else answer
 
         return call
 
     def wrap_hooks(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """``observers``, ``approval_hook`` and the policy's hook of Sandbox arguments, wrapped."""
         hooks: dict[str, Any] = {}
+        policy = kwargs.get("security_policy")
+        limit = (
+            policy.approval_timeout
+            if isinstance(policy, SecurityPolicy)
+            else SecurityPolicy().approval_timeout
+        ) + 1
         if "observers" in kwargs:
             hooks["observers"] = tuple(self.wrap(o) for o in kwargs["observers"])
         if kwargs.get("approval_hook") is not None:
-            hooks["approval_hook"] = self.wrap(kwargs["approval_hook"])
-        policy = kwargs.get("security_policy")
+            hooks["approval_hook"] = self.wrap(kwargs["approval_hook"], limit)
         hook = policy.approval_hook if isinstance(policy, SecurityPolicy) else None
         if (
             isinstance(policy, SecurityPolicy)
@@ -155,18 +167,24 @@ class _LoopBridge:
             and not getattr(hook, "agentnest_inline", False)
         ):
             # Awaited in this loop, like the sandbox's own hook.
-            hooks["security_policy"] = dataclasses.replace(policy, approval_hook=self.wrap(hook))
+            hooks["security_policy"] = dataclasses.replace(policy, approval_hook=self.wrap(hook, limit))
         return hooks
 
-    def resolve(self, awaitable: Any) -> Any:
+    def resolve(self, awaitable: Any, timeout: float | None = None) -> Any:
         if threading.get_ident() == self._loop_thread:
             # Blocking the loop's own thread on the loop would deadlock.
             _close(awaitable)
             raise RuntimeError("an async hook cannot be awaited from its event loop's own thread")
 
         async def wait() -> Any:
+            # Shielded from the caller's cancellation (a sync hook cannot be
+            # interrupted either), but not from its own deadline.
             with anyio.CancelScope(shield=True):
-                return await awaitable
+                if timeout is None:
+                    return await awaitable
+                with anyio.move_on_after(timeout):
+                    return await awaitable
+                return None  # no answer in time: a no
 
         try:
             # Always the loop that created the sandbox: the token also works

@@ -41,6 +41,7 @@ from agentnest.aio import _LoopBridge
 from agentnest.channel.streams import ByteStream
 from agentnest.config import SandboxConfig
 from agentnest.guard import ApprovalRequest
+from agentnest.policy import SecurityPolicy
 from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
 from agentnest.testing.process import LocalAgent
 
@@ -546,3 +547,41 @@ async def test_thread_iterator_interrupts_and_closes_on_cancel() -> None:
     finished = _ThreadIterator(lambda: iter([1, 2]), None, anyio.CapacityLimiter(4))
     async with finished:
         assert [i async for i in finished] == [1, 2]
+
+
+async def test_async_hook_that_never_answers_is_denied_and_cancelled(backend: LocalBackend) -> None:
+    cancelled = anyio.Event()
+
+    async def hang(request: ApprovalRequest) -> bool:
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
+        return True
+
+    policy = SecurityPolicy(approval_timeout=0.3)
+    async with AsyncSandbox.create(
+        "local", backend=backend, approval_hook=hang, security_policy=policy
+    ) as sb:
+        with anyio.fail_after(10):
+            with pytest.raises(PolicyDeniedError, match=r"did not answer within 0\.3s"):
+                await sb.exec(["true"])
+            await cancelled.wait()  # the hook's coroutine did not linger in the loop
+
+
+async def test_async_policy_hook_is_awaited_in_the_loop(backend: LocalBackend) -> None:
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+
+    async def policy_hook(request: ApprovalRequest) -> bool:
+        threads.append(threading.get_ident())
+        return request.kind != "file.remove"
+
+    policy = SecurityPolicy(approval_hook=policy_hook)
+    async with AsyncSandbox.create("local", backend=backend, security_policy=policy) as sb:
+        await sb.write_file("f", "x")
+        with pytest.raises(PolicyDeniedError):
+            await sb.remove_file("f")
+        assert await sb.exists("f")
+    assert threads and set(threads) == {loop_thread}
