@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -52,6 +53,38 @@ def test_run_streams_output_and_returns_the_exit_code(capsys: pytest.CaptureFixt
     assert code == 3
     assert out == "out\n65532\n"
     assert err == "err\n"
+
+
+@pytest.mark.parametrize(("answer", "code"), [("y\n", 0), ("n\n", 1), ("", 1)])
+def test_run_approve_prompt_asks_on_the_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, answer: str, code: int
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(answer))
+    got, out, err = run_cli(capsys, "run", "--approve", "prompt", "--", "sh", "-c", "echo ran")
+    assert got == code
+    assert "asks to exec: sh -c 'echo ran'" in err and "allow? [y/N]" in err
+    assert (out == "ran\n") is (code == 0)  # refused: the command never ran
+    if code:
+        assert "exec denied: the approval hook refused" in err
+
+
+def test_run_with_a_profile_file(capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    path = tmp_path / "agentnest.yaml"
+    path.write_text("profiles:\n  tiny:\n    memory: 200m\n    workspace_size: 64m\n    scratch_size: 32m\n")
+    code, out, _ = run_cli(
+        capsys,
+        "run",
+        "--profile",
+        "tiny",
+        "--profile-file",
+        str(path),
+        "--",
+        "sh",
+        "-c",
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max",
+    )
+    assert code == 0
+    assert out == f"{200 * 1024**2}\n"
 
 
 def test_run_splits_a_single_string(capsys: pytest.CaptureFixture[str]) -> None:
