@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import functools
 import inspect
 import math
@@ -404,29 +405,30 @@ def _guard_of(obj: Any) -> Guard | None:
     return None
 
 
+@contextlib.contextmanager
+def _scrubbed(owner: Any) -> Iterator[None]:
+    try:
+        yield
+    except AgentNestError as exc:
+        guard = _guard_of(owner)
+        if guard is not None:
+            guard.scrub(exc)
+        raise
+
+
 def _scrubbing(fn: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
         def generator(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
-            try:
+            with _scrubbed(self):
                 yield from fn(self, *args, **kwargs)
-            except AgentNestError as exc:
-                guard = _guard_of(self)
-                if guard is not None:
-                    guard.scrub(exc)
-                raise
 
         return generator
 
     @functools.wraps(fn)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with _scrubbed(self):
             return fn(self, *args, **kwargs)
-        except AgentNestError as exc:
-            guard = _guard_of(self)
-            if guard is not None:
-                guard.scrub(exc)
-            raise
 
     return call
