@@ -3,7 +3,7 @@
 
 Usage::
 
-    python benchmarks/bench.py [--quick] [--backend docker|gvisor|all] [--json PATH]
+    python benchmarks/bench.py [--quick] [--backend docker|gvisor|all] [--only KEYS] [--json PATH]
 
 For every selected backend (``docker`` = runc, ``gvisor`` = runsc) this prints one line
 per measurement: n, p50 and p95 of AgentNest, the same for the floor (the closest thing
@@ -17,6 +17,7 @@ What each measurement is, and why, is in docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import contextlib
 import gc
 import io
@@ -413,6 +414,37 @@ def bench_warm_exec(backend: str, floor: Floor, plan: Plan) -> Result:
         f"p50 {percentile(inside, 50) * 1e3:.2f} ms, p95 {percentile(inside, 95) * 1e3:.2f} ms"
     ]
     return Result(backend, "2", "warm exec", ours, base, Target("p50_le", 2.0), notes=notes)
+
+
+def bench_approvals(backend: str, plan: Plan) -> list[Result]:
+    """What an approval hook adds to a warm exec: the floor is the same exec with no hook."""
+    from agentnest.approvals import ApprovalRule, RuleApprover
+
+    def allow(request: object) -> bool:
+        return True
+
+    hooks: list[tuple[str, Any]] = [
+        ("RuleApprover (inline)", RuleApprover([ApprovalRule("exec", "*", "allow")])),
+        ("python callable (bounded thread)", allow),
+    ]
+    results = []
+    with Reaper() as reaper:
+        plain = reaper.sandbox(backend)
+        base = Series('exec_shell("true"), no hook', "ms")
+        for _ in range(10):
+            plain.exec_shell("true")
+        for _ in range(plan.warm):
+            base.samples.append(timed(lambda: plain.exec_shell("true")))
+        for label, hook in hooks:
+            sandbox = reaper.sandbox(backend, approval_hook=hook)
+            ours = Series(f'exec_shell("true"), {label}', "ms")
+            for _ in range(10):
+                sandbox.exec_shell("true")
+            run = functools.partial(sandbox.exec_shell, "true")
+            for _ in range(plan.warm):
+                ours.samples.append(timed(run))
+            results.append(Result(backend, "G", f"exec with approval hook: {label}", ours, base))
+    return results
 
 
 def bench_exec_python(backend: str, floor: Floor, plan: Plan) -> list[Result]:
@@ -1225,7 +1257,9 @@ def machine_info(client: docker.DockerClient) -> dict[str, Any]:
     }
 
 
-def run_backend(backend: str, client: docker.DockerClient, plan: Plan) -> list[Result]:
+def run_backend(
+    backend: str, client: docker.DockerClient, plan: Plan, only: set[str] | None = None
+) -> list[Result]:
     floor = Floor(client, default_image(), BACKENDS[backend])
     steps: list[tuple[str, str, Callable[[], Result | list[Result]]]] = [
         ("1", "cold start", lambda: bench_cold_start(backend, floor, plan)),
@@ -1235,6 +1269,7 @@ def run_backend(backend: str, client: docker.DockerClient, plan: Plan) -> list[R
         ("5", "50 MiB stdout throughput", lambda: bench_stdout(backend, floor, plan)),
         ("6", "parallel execs", lambda: bench_parallel(backend, floor, plan)),
         ("7", "idle memory", lambda: bench_memory(backend, plan)),
+        ("G", "approval hooks", lambda: bench_approvals(backend, plan)),
         ("S", "python session", lambda: bench_session(backend, plan)),
         ("P", "pools", lambda: bench_pool(backend, plan)),
         ("F", "fork", lambda: bench_fork(backend, floor, plan)),
@@ -1242,6 +1277,8 @@ def run_backend(backend: str, client: docker.DockerClient, plan: Plan) -> list[R
     ]
     results: list[Result] = []
     for key, name, step in steps:
+        if only is not None and key not in only:
+            continue
         t0 = time.perf_counter()
         try:
             got = step()
@@ -1290,6 +1327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer samples (about 2 minutes)")
     parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all")
     parser.add_argument("--json", metavar="PATH", help="write every result and sample here")
+    parser.add_argument("--only", metavar="KEYS", help="run only these steps, e.g. 2,G (default: all)")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     parser.add_argument("--memory-count", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument("--memory-stats", type=int, default=8, help=argparse.SUPPRESS)
@@ -1335,7 +1373,7 @@ def main(argv: list[str] | None = None) -> int:
             skipped.append(backend)
             continue
         print(f"\n== {backend} (runtime {runtime}) ==", flush=True)
-        results += run_backend(backend, client, plan)
+        results += run_backend(backend, client, plan, set(args.only.split(",")) if args.only else None)
     meta["elapsed_s"] = round(time.perf_counter() - started, 1)
     meta["loadavg_end"] = os.getloadavg()
     meta["quick"] = plan.quick
