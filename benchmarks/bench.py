@@ -17,8 +17,8 @@ What each measurement is, and why, is in docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import functools
 import contextlib
+import functools
 import gc
 import io
 import json
