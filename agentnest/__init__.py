@@ -32,6 +32,7 @@ from .errors import (
     SessionLostError,
     SnapshotError,
     UnsupportedCapabilityError,
+    VerificationError,
 )
 from .events import EventType, JsonLogObserver, MemoryObserver, OpenTelemetryObserver, SandboxEvent
 from .policy import NetworkMode, NetworkPolicy, SecurityPolicy
@@ -94,5 +95,6 @@ __all__ = [
     "SnapshotMetadata",
     "Template",
     "UnsupportedCapabilityError",
+    "VerificationError",
     "__version__",
 ]

@@ -303,6 +303,7 @@ class AsyncSandbox:
         security_policy: SecurityPolicy | None = None,
         observers: Sequence[Observer] = (),
         approval_hook: ApprovalHook | None = None,
+        verify: bool = False,
         profile: str | Profile | None = None,
     ) -> _Creation:
         """Provision a sandbox; the twin of ``Sandbox(...)`` (see there for the arguments).
@@ -325,6 +326,7 @@ class AsyncSandbox:
             "backend": backend,
             "read_only_root": read_only_root,
             "security_policy": security_policy,
+            "verify": verify,
         }
 
         async def make() -> AsyncSandbox:

@@ -20,6 +20,7 @@ Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
      ├── PoolExhaustedError          no pooled sandbox became free in time
      ├── PoolFactoryError            a pool's factory failed; ``__cause__`` is why
      ├── SessionLostError            a Python session's interpreter is gone (state lost)
+     ├── VerificationError           verify=True found the policy not holding inside
      └── AuditError                  an audit sink could not record an event (fail loud)
 
 Messages name what was wrong and how to fix it.  Over the wire (agent
@@ -176,6 +177,20 @@ class SessionLostError(AgentNestError):
         self.result = result
 
 
+class VerificationError(AgentNestError):
+    """``Sandbox(..., verify=True)`` found, from inside, that the policy does not hold.
+
+    The sandbox was destroyed, never handed out.  ``findings`` lists every
+    check (:class:`agentnest.verify.Finding`); the message names the failed ones.
+
+    .. versionadded:: 0.4.0
+    """
+
+    def __init__(self, message: str, findings: Any = ()) -> None:
+        super().__init__(message)
+        self.findings = tuple(findings)
+
+
 class AuditError(AgentNestError):
     """An audit sink could not record an event (disk full, permission...).
 
@@ -206,4 +221,5 @@ __all__ = [
     "SessionLostError",
     "SnapshotError",
     "UnsupportedCapabilityError",
+    "VerificationError",
 ]

@@ -19,6 +19,8 @@ class EventType(str, enum.Enum):
 
     SANDBOX_CREATED = "sandbox.created"
     SANDBOX_DESTROYED = "sandbox.destroyed"
+    SANDBOX_VERIFIED = "sandbox.verified"
+    SANDBOX_EXTENDED = "sandbox.extended"
     EXEC_STARTED = "exec.started"
     EXEC_FINISHED = "exec.finished"
     EXEC_TIMED_OUT = "exec.timed_out"

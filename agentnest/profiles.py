@@ -60,6 +60,7 @@ _PROFILE_KEYS = (
     "required_runtime",
     "scratch_size",
     "timeout",
+    "verify",
     "workspace_size",
 )
 _TOP_KEYS = ("default", "profiles")
@@ -126,6 +127,8 @@ class Profile:
     approvals: tuple[ApprovalRule, ...] = ()
     security_policy: SecurityPolicy = field(default_factory=SecurityPolicy)
     read_only_root: bool | None = None
+    verify: bool | None = None
+    """Check from inside that the policy holds before handing a sandbox out."""
 
     def sandbox_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :class:`agentnest.Sandbox` (only what the profile sets, and the policy)."""
@@ -140,6 +143,7 @@ class Profile:
             "workspace_size",
             "scratch_size",
             "read_only_root",
+            "verify",
         ):
             value = getattr(self, name)
             if value is not None:
@@ -321,7 +325,7 @@ def _parse_profile(w: _Where, name: str, raw: _Map) -> dict[str, Any]:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise w.error(line, where, f"must be an integer, not {_kind(value)}")
             out[key] = value
-        elif key in ("require_image_digest", "read_only_root"):
+        elif key in ("require_image_digest", "read_only_root", "verify"):
             if not isinstance(value, bool):
                 raise w.error(line, where, f"must be true or false, not {_kind(value)}")
             out[key] = value
@@ -475,6 +479,7 @@ def _build(w: _Where, name: str, settings: dict[str, Any], line: int) -> Profile
         approvals=settings["approvals"].rules if "approvals" in settings else (),
         security_policy=policy,
         read_only_root=settings.get("read_only_root"),
+        verify=settings.get("verify"),
     )
 
 

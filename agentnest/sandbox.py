@@ -34,6 +34,7 @@ from .errors import (
     ExecutionTimeoutError,
     FileAccessError,
     SandboxDestroyedError,
+    VerificationError,
 )
 from .events import EventType, Observer
 from .guard import Guard, scrub_errors
@@ -133,6 +134,10 @@ class Sandbox:
             operation; a falsy answer, an exception or no answer within the
             policy's ``approval_timeout`` denies it.  May be async.  The
             policy's own ``approval_hook`` is asked too; both must allow.
+        verify: check from inside, before handing the sandbox out, that the
+            policy holds (user, capabilities, seccomp, read-only root,
+            network, limits); a sandbox that fails is destroyed and
+            :class:`VerificationError` raised.  Costs one probe (~10 ms on runc).
         profile: a profile name (looked up in ``agentnest.yaml``, see
             docs/profiles.md) or a :class:`Profile`; arguments passed
             explicitly override the profile's.
@@ -164,6 +169,7 @@ class Sandbox:
         security_policy: SecurityPolicy | None = None,
         observers: Sequence[Observer] = (),
         approval_hook: ApprovalHook | None = None,
+        verify: bool = False,
         profile: str | Profile | None = None,
     ) -> None:
         policy = security_policy or SecurityPolicy()
@@ -198,6 +204,8 @@ class Sandbox:
             self._connect()
             if config.secret_files:
                 self._write_secret_files(config.secret_files)
+            if verify:
+                self._verify()
             # Inside the try: an observer that fails must not leave a
             # container behind that nobody holds a handle to.
             self._guard.emit(
@@ -250,24 +258,67 @@ class Sandbox:
             raise ChannelError(f"{exc}. Does the image {self.config.image!r} have python3?") from None
         return self._channel
 
-    def _write_secret_files(self, files: dict[str, str]) -> None:
-        # Through the channel, not exec(): no approval, no event, and the
-        # values travel on stdin, never in an argv that /proc shows.
+    def _internal_python(self, code: str, stdin: bytes | None = None, timeout: float = 30.0) -> bytes:
+        """Run our own Python program in the sandbox; return its stdout.
+
+        Through the channel, not exec(): no approval and no event (it is not
+        the caller's operation), and data goes on stdin, never in an argv
+        that /proc shows.  Raises BackendError if it fails.
+        """
         handle = self._ch().start_exec(
-            ["python3", "-I", "-S", "-c", _WRITE_SECRET_FILES],
+            ["python3", "-I", "-S", "-c", code],
             env={},
             cwd=None,
-            timeout=30.0,
-            max_output=4096,
-            stdin=json.dumps(files).encode("utf-8"),
+            timeout=timeout,
+            max_output=1 << 20,
+            stdin=stdin,
         )
+        out: list[bytes] = []
         err: list[bytes] = []
-        for event in handle.events(time.monotonic() + 40.0):
-            if isinstance(event, tuple) and event[0] == 2:
-                err.append(event[1])
-        if handle.result is None or handle.result.code != 0:
+        for event in handle.events(time.monotonic() + timeout + _BACKSTOP_GRACE):
+            if isinstance(event, tuple):
+                (out if event[0] == 1 else err).append(event[1])
+        if handle.result is None or handle.result.code != 0 or handle.truncated:
             detail = self._guard.redact(b"".join(err).decode("utf-8", "replace").strip()[-300:])
-            raise BackendError(f"could not write the secret files into {SECRET_DIR}: {detail}")
+            raise BackendError(
+                f"AgentNest's own program failed in sandbox {self.id}: {detail or 'no output'}"
+            )
+        return b"".join(out)
+
+    def _write_secret_files(self, files: dict[str, str]) -> None:
+        try:
+            self._internal_python(_WRITE_SECRET_FILES, json.dumps(files).encode("utf-8"))
+        except BackendError as exc:
+            raise BackendError(f"could not write the secret files into {SECRET_DIR}: {exc}") from None
+
+    def _verify(self) -> None:
+        from . import verify as _verify
+
+        config = self.config
+        try:
+            seen = json.loads(self._internal_python(_verify.PROBE))
+        except ValueError:
+            raise VerificationError(f"sandbox {self.id}: the verification probe sent no JSON") from None
+        if not isinstance(seen, dict):
+            raise VerificationError(f"sandbox {self.id}: the verification probe sent {type(seen).__name__}")
+        findings = _verify.judge(
+            seen,
+            config.limits,
+            gvisor=self._backend.oci_runtime == "runsc",
+            network=config.network.mode.value,
+            uid=int(config.user.split(":")[0]),
+            read_only=config.read_only_root,
+        )
+        failed = [f for f in findings if f.status == _verify.FAIL]
+        self._guard.emit(
+            EventType.SANDBOX_VERIFIED,
+            {"ok": not failed, "checks": {f.name: f.status for f in findings}},
+        )
+        if failed:
+            summary = "; ".join(f"{f.name}: {f.detail} (fix: {f.hint})" for f in failed)
+            raise VerificationError(
+                f"sandbox {self.id} does not hold its policy, so it was destroyed: {summary}", findings
+            )
 
     def _ch(self) -> Channel:
         if self._destroyed:

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO, TypeAlias
 
+from ..verify import human_bytes
+
 #: What ``ArgumentParser.add_subparsers`` returns (a private class, hence the alias).
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -69,12 +71,4 @@ def error(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
 
 
-def human_bytes(size: float) -> str:
-    """``536870912`` -> ``512.0 MiB``."""
-    if abs(size) < 1024:
-        return f"{size:.0f} B"
-    for unit in ("KiB", "MiB"):
-        size /= 1024
-        if abs(size) < 1024:
-            return f"{size:.1f} {unit}"
-    return f"{size / 1024:.1f} GiB"
+__all__ = ["Commands", "add_command", "error", "human_bytes", "mark", "positive_float", "table"]

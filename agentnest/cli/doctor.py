@@ -5,22 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import verify
 from ..errors import AgentNestError, ImageNotFoundError, RuntimeNotAvailableError
-from ._output import Commands, add_command, human_bytes
+from ._output import Commands, add_command
 
 if TYPE_CHECKING:
     from ..runtime.base import RuntimeBackend
     from ..runtime.docker import DockerBackend
     from ..sandbox import Sandbox
 
-OK = "ok"
-FAIL = "fail"
-SKIP = "skip"
-"""Not checkable here (e.g. not visible inside gVisor); does not fail the run."""
+from ..verify import FAIL, OK, SKIP
 
 ENGINE_HINT = "start it with `make engine` or `sudo systemctl start docker` (or set DOCKER_HOST)"
 
@@ -37,46 +34,6 @@ examples:
   agentnest doctor
   agentnest doctor --backend gvisor
   agentnest doctor --json | python3 -m json.tool
-"""
-
-#: Runs inside the sandbox and reports what the workload can see, as JSON.
-_PROBE = """\
-import errno, json, os
-def read(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-status = {}
-for line in (read("/proc/self/status") or "").splitlines():
-    key, _, value = line.partition(":")
-    status[key] = value.strip()
-try:
-    open("/agentnest-doctor-probe", "w").close()
-    root_write = "succeeded"
-except OSError as e:
-    root_write = e.strerror or str(e)
-root_options = ""
-for line in (read("/proc/self/mounts") or "").splitlines():
-    fields = line.split()
-    if len(fields) > 3 and fields[1] == "/":
-        root_options = fields[3]
-dev = (read("/proc/net/dev") or "").splitlines()[2:]
-meminfo = dict(l.split(":", 1) for l in (read("/proc/meminfo") or "").splitlines() if ":" in l)
-vfs = os.statvfs("/workspace")
-print(json.dumps({
-    "status": status,
-    "root_write": root_write,
-    "root_options": root_options,
-    "interfaces": [l.split(":")[0].strip() for l in dev if ":" in l],
-    "memory": {p: read(p) for p in (
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max")},
-    "pids": {p: read(p) for p in ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max")},
-    "mem_total_kib": meminfo.get("MemTotal", "").strip().split(" ")[0],
-    "workspace_bytes": vfs.f_blocks * vfs.f_frsize,
-    "kernel": os.uname().release,
-}))
 """
 
 
@@ -255,7 +212,7 @@ def _sandbox_checks(report: _Report, name: str, backend: RuntimeBackend) -> None
             f"{sandbox.id} from {sandbox.config.image} in {time.monotonic() - started:.1f}s",
         )
         try:
-            seen = sandbox.exec_json(_PROBE, timeout=60)
+            seen = sandbox.exec_json(verify.PROBE, timeout=60)
         except AgentNestError as exc:
             report.add(scope, "probe", FAIL, f"could not run the probe: {exc}")
             return
@@ -270,161 +227,17 @@ def _sandbox_checks(report: _Report, name: str, backend: RuntimeBackend) -> None
 def _judge(
     report: _Report, scope: str, sandbox: Sandbox, seen: dict[str, Any], gvisor: bool, engine_pids: int | None
 ) -> None:
-    """Compare what the probe saw with the sandbox's configuration."""
-    limits = sandbox.config.limits
-    status: dict[str, str] = {str(k): str(v) for k, v in (seen.get("status") or {}).items()}
-    kernel = str(seen.get("kernel", "?"))
-    gvisor_note = f"gVisor (kernel {kernel}) serves the workload's system calls itself"
-
-    uid = status.get("Uid", "?").split()
-    uid0 = uid[0] if uid else "?"
-    report.add(
-        scope,
-        "non-root user",
-        OK if uid0 == "65532" else FAIL,
-        f"uid {uid0}",
-        "the sandbox runs as a different user; check SandboxConfig.user",
-    )
-
-    caps = {k: v for k, v in status.items() if k.startswith("Cap")}
-    zero = "CapEff" in caps and all(_is_hex(v) and int(v, 16) == 0 for v in caps.values())
-    report.add(
-        scope,
-        "no capabilities",
-        OK if zero else FAIL,
-        f"CapEff={caps.get('CapEff', '?')} ({len(caps)} capability sets, all zero)" if zero else f"{caps}",
-        "the container kept capabilities; it must be created with cap_drop=['ALL']",
-    )
-
-    nnp = status.get("NoNewPrivs")
-    if nnp == "1":
-        report.add(scope, "no-new-privileges", OK, "NoNewPrivs: 1")
-    elif nnp is None and gvisor:
-        report.add(
-            scope, "no-new-privileges", SKIP, "not reported inside gVisor (the engine passes it to runsc)"
-        )
-    else:
-        report.add(
-            scope,
-            "no-new-privileges",
-            FAIL,
-            f"NoNewPrivs: {nnp}",
-            "create the container with security_opt no-new-privileges:true",
-        )
-
-    seccomp = status.get("Seccomp")
-    if seccomp == "2":
-        report.add(scope, "seccomp filter", OK, "Seccomp: 2 (filter mode)")
-    elif gvisor:
-        report.add(
-            scope,
-            "seccomp filter",
-            SKIP,
-            f"Seccomp: {seccomp}; {gvisor_note}; the OCI seccomp profile is not applied inside it",
-        )
-    else:
-        report.add(
-            scope,
-            "seccomp filter",
-            FAIL,
-            f"Seccomp: {seccomp}",
-            "create the container with AgentNest's seccomp profile",
-        )
-
-    root_options = str(seen.get("root_options", ""))
-    root_write = str(seen.get("root_write", "?"))
-    read_only = "ro" in root_options.split(",") and root_write != "succeeded"
-    report.add(
-        scope,
-        "read-only root",
-        OK if read_only else FAIL,
-        f"/ mounted {root_options.split(',')[0] or '?'}; writing /agentnest-doctor-probe: {root_write}",
-        "create the container with read_only=True",
-    )
-
-    interfaces = [str(i) for i in seen.get("interfaces") or []]
-    report.add(
-        scope,
-        "no network",
-        OK if interfaces == ["lo"] else FAIL,
-        f"interfaces: {', '.join(interfaces) or 'none'}",
-        "the sandbox has a network interface besides loopback; use network_mode=none",
-    )
-
-    _limit_check(
-        report,
-        scope,
-        "memory limit",
-        limits.memory,
-        seen.get("memory") or {},
-        human_bytes,
-        gvisor,
-        fallback=_mem_total(seen),
-    )
-    _limit_check(
-        report,
-        scope,
-        "process limit",
-        limits.pids,
-        seen.get("pids") or {},
-        str,
-        gvisor,
-        engine_value=engine_pids,
-    )
-
-    size = seen.get("workspace_bytes")
-    bounded = isinstance(size, int) and 0 < size <= limits.workspace
-    report.add(
-        scope,
-        "workspace size",
-        OK if bounded else FAIL,
-        f"/workspace holds at most {human_bytes(size) if isinstance(size, int) else size} "
-        f"(limit {human_bytes(limits.workspace)})",
-        "/workspace must be a size-limited tmpfs",
-    )
-
-
-def _limit_check(
-    report: _Report,
-    scope: str,
-    name: str,
-    expected: int,
-    files: dict[str, Any],
-    show: Callable[[int], str],
-    gvisor: bool,
-    *,
-    fallback: int | None = None,
-    engine_value: int | None = None,
-) -> None:
-    """A cgroup limit as seen from inside, v1 or v2 file, with a gVisor fallback."""
-    for path, raw in files.items():
-        if raw is None:
-            continue
-        value = str(raw).strip()
-        if value.isdigit() and int(value) == expected:
-            report.add(scope, name, OK, f"{show(expected)} ({path})")
-        else:
-            report.add(
-                scope,
-                name,
-                FAIL,
-                f"{path} says {value!r}, expected {show(expected)}",
-                "the engine did not apply the limit; check the container's HostConfig",
-            )
-        return
-    if fallback is not None and fallback == expected:
-        report.add(scope, name, OK, f"{show(expected)} (MemTotal: gVisor sizes its kernel to the limit)")
-    elif gvisor:
-        set_on = f"; the engine has {engine_value} set on the container" if engine_value is not None else ""
-        report.add(scope, name, SKIP, f"no cgroup files visible inside gVisor{set_on}")
-    else:
-        report.add(
-            scope,
-            name,
-            FAIL,
-            "no cgroup limit file is visible inside the sandbox",
-            "the engine did not apply the limit, or cgroups are hidden",
-        )
+    """Compare what the probe saw with the sandbox's configuration (see :mod:`agentnest.verify`)."""
+    config = sandbox.config
+    network = getattr(getattr(config, "network", None), "mode", None)
+    for finding in verify.judge(
+        seen,
+        config.limits,
+        gvisor=gvisor,
+        network=network.value if network is not None else "denied",
+        engine_pids=engine_pids,
+    ):
+        report.add(scope, finding.name, finding.status, finding.detail, finding.hint)
 
 
 def _create_hint(exc: AgentNestError) -> str:
@@ -433,11 +246,6 @@ def _create_hint(exc: AgentNestError) -> str:
     if isinstance(exc, RuntimeNotAvailableError):
         return "install the OCI runtime and register it with the engine (see the message)"
     return "see the message; `agentnest run -- true` reproduces it"
-
-
-def _mem_total(seen: dict[str, Any]) -> int | None:
-    raw = str(seen.get("mem_total_kib", ""))
-    return int(raw) * 1024 if raw.isdigit() else None
 
 
 def _engine_pids_limit(backend: RuntimeBackend, sandbox_id: str) -> int | None:
@@ -454,14 +262,6 @@ def _engine_pids_limit(backend: RuntimeBackend, sandbox_id: str) -> int | None:
     except Exception:  # informational only: any engine hiccup just hides the value
         return None
     return value if isinstance(value, int) else None
-
-
-def _is_hex(value: str) -> bool:
-    try:
-        int(value, 16)
-    except ValueError:
-        return False
-    return True
 
 
 def _first_clause(message: str) -> str:

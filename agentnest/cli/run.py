@@ -76,6 +76,11 @@ def register(commands: Commands) -> None:
         choices=("denied", "open"),
         help="denied (default: loopback only) or open (unfiltered, runc only: use with care)",
     )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="check from inside that the policy holds before running (fail closed)",
+    )
     parser.add_argument("--profile", metavar="NAME", help="take settings and policy from this profile")
     parser.add_argument(
         "--profile-file",
@@ -160,6 +165,8 @@ def sandbox_options(args: argparse.Namespace, timeout: float | None) -> dict[str
         options["environment"] = dict(args.env)
     if args.network is not None:
         options["network_enabled"] = args.network == "open"
+    if args.verify:
+        options["verify"] = True
     if args.approve is not None:
         options["approval_hook"] = builtin(args.approve)
         if args.approve == "prompt":

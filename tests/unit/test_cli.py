@@ -647,3 +647,25 @@ def test_demo_tour_counts_failed_checks(capsys: pytest.CaptureFixture[str]) -> N
     assert tour.failures == 1
     assert "[1/7] First" in out
     assert "✓ held" in out and "✗ broke" in out
+
+
+def test_verify_judges_the_network_by_mode_and_honours_a_writable_root() -> None:
+    from agentnest.verify import judge as verify_judge
+
+    limits = ResourceLimits()
+
+    def status_of(seen: dict[str, Any], **kwargs: Any) -> dict[str, str]:
+        return {f.name: f.status for f in verify_judge(seen, limits, gvisor=False, **kwargs)}
+
+    proxied = altered(interfaces=["lo", "eth0"], default_route=False)
+    assert status_of(proxied, network="allowlist")["only the proxy"] == "ok"
+    assert (
+        status_of(altered(interfaces=["lo", "eth0"], default_route=True), network="allowlist")[
+            "only the proxy"
+        ]
+        == "fail"
+    )
+    assert status_of(proxied)["no network"] == "fail"  # denied: any interface but lo fails
+    assert status_of(altered(root_write="succeeded"), read_only=False)["read-only root"] == "skip"
+    assert status_of(GOOD_RUNC, uid=1000)["non-root user"] == "fail"
+    assert status_of(altered(Uid="0\t0\t0\t0"), uid=0)["non-root user"] == "fail"
