@@ -1,0 +1,177 @@
+"""``agentnest mcp``: serve sandboxes to an MCP client over stdio or streamable HTTP."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigurationError
+from ._output import Commands, add_command, positive_float
+
+_EPILOG = """\
+Tools: create_sandbox, exec_shell, exec_python, session_run, read_file,
+write_file, list_files, fork, snapshot, restore, destroy, list_sandboxes.
+Resources: agentnest://audit, agentnest://sandboxes/{id}/audit.
+
+The server's settings are the ceiling: a client may ask for less memory,
+fewer CPUs or a shorter lifetime, never more, and only for images the policy
+allows (without allowed_images in the profile: only the server's image).
+Every sandbox is destroyed when the server stops, and stops by itself at the
+end of its lifetime even if the server is killed.  Events go to the audit
+log ($AGENTNEST_AUDIT_LOG or ~/.local/state/agentnest/audit.jsonl) unless
+--no-audit-log.  HTTP has no authentication: it binds to loopback only.
+Needs the MCP SDK: pip install 'agentnest[mcp]'.  Details: docs/mcp.md.
+
+examples:
+  agentnest mcp                                     # stdio, for Claude Code, Cursor, Claude Desktop
+  claude mcp add agentnest -- agentnest mcp --backend gvisor
+  agentnest mcp --transport http --port 8765        # http://127.0.0.1:8765/mcp
+  agentnest mcp --profile strict --max-sandboxes 4
+"""
+
+
+def register(commands: Commands) -> None:
+    """Add ``mcp`` to the command line."""
+    parser = add_command(
+        commands,
+        "mcp",
+        "serve sandboxes as MCP tools (stdio or streamable HTTP)",
+        "Run a Model Context Protocol server whose tools create and use sandboxes.",
+        _EPILOG,
+    )
+    parser.add_argument(
+        "--transport", choices=("stdio", "http"), default="stdio", help="stdio (default) or streamable HTTP"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP address, loopback only (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8000, help="HTTP port (default 8000)")
+    parser.add_argument("--backend", help="docker (runc) or gvisor (runsc), or a plug-in (default: docker)")
+    parser.add_argument("--image", help="image of every sandbox (default: the profile's, else the base image)")
+    parser.add_argument("--profile", metavar="NAME", help="settings and policy (the ceiling) from a profile")
+    parser.add_argument(
+        "--profile-file",
+        metavar="PATH",
+        help="the profile file (default: $AGENTNEST_PROFILE_FILE, ./agentnest.yaml)",
+    )
+    parser.add_argument(
+        "--max-sandboxes", type=_count, default=8, metavar="N", help="live sandboxes at once (default 8)"
+    )
+    parser.add_argument(
+        "--lifetime",
+        type=positive_float,
+        metavar="SECONDS",
+        help="default lifetime of a sandbox (default: the profile's timeout, else 600)",
+    )
+    parser.add_argument(
+        "--max-lifetime",
+        type=positive_float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="the longest lifetime a client may ask for (default 3600)",
+    )
+    parser.add_argument("--audit-log", type=Path, metavar="PATH", help="the JSONL audit log (see below)")
+    parser.add_argument("--no-audit-log", action="store_true", help="do not write the JSONL audit log")
+    parser.add_argument(
+        "--snapshot-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep snapshots here (default: a private directory removed when the server stops)",
+    )
+    parser.set_defaults(handler=handle)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 1 to 1000")
+    return value
+
+
+def check_host(host: str) -> str:
+    """Refuse an HTTP address other than loopback: the server has no authentication."""
+    if host == "localhost":
+        return host
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigurationError(
+            f"--host {host}: agentnest mcp has no authentication, so it serves loopback only "
+            "(127.0.0.1, ::1, localhost); for remote clients use `agentnest serve` (bearer tokens) "
+            "or an authenticating proxy in front of a loopback server"
+        )
+    return host
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~agentnest.mcpserver.ServerSettings` the options describe."""
+    from ..audit import JsonLogObserver
+    from ..mcpserver import DEFAULT_LIFETIME, ServerSettings
+    from ..policy import SecurityPolicy
+    from ..profiles import find_profile_file, load_profiles
+
+    if args.profile_file and not args.profile:
+        raise ConfigurationError("--profile-file needs --profile NAME")
+    kwargs: dict[str, Any] = {}
+    policy = SecurityPolicy()
+    backend = "docker"
+    lifetime = DEFAULT_LIFETIME
+    if args.profile:
+        path = find_profile_file(args.profile_file)
+        if path is None:
+            raise ConfigurationError(
+                f"--profile {args.profile}: no profile file; pass --profile-file, set "
+                "$AGENTNEST_PROFILE_FILE or create agentnest.yaml here"
+            )
+        profile = load_profiles(path).get(args.profile)
+        kwargs = profile.sandbox_kwargs()
+        policy = kwargs.pop("security_policy")
+        backend = kwargs.pop("backend", backend)
+        lifetime = kwargs.pop("timeout", lifetime)
+    if args.backend:
+        backend = args.backend
+    if args.image:
+        kwargs["image"] = args.image
+    if args.lifetime is not None:
+        lifetime = args.lifetime
+    observers = []
+    if not args.no_audit_log:
+        observers.append(JsonLogObserver(args.audit_log))
+    elif args.audit_log is not None:
+        raise ConfigurationError("pass either --audit-log PATH or --no-audit-log, not both")
+    return ServerSettings(
+        backend=backend,
+        policy=policy,
+        sandbox_kwargs=kwargs,
+        lifetime=lifetime,
+        max_lifetime=max(args.max_lifetime, lifetime) if args.lifetime is None else args.max_lifetime,
+        max_sandboxes=args.max_sandboxes,
+        snapshot_dir=args.snapshot_dir,
+        observers=tuple(observers),
+    )
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Serve until the client goes away (stdio) or the process is interrupted (HTTP)."""
+    from ..mcpserver import run
+
+    if args.transport == "http":
+        check_host(args.host)
+    settings = settings_from_args(args)
+    run(settings, args.transport, host=args.host, port=args.port)
+    return 0
