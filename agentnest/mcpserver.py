@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from .config import parse_size
 from .errors import (
@@ -442,8 +442,8 @@ class SandboxService:
 
     def snapshot(self, sandbox_id: str, name: str) -> dict[str, Any]:
         """Save the workspace as snapshot ``name`` in the server's snapshot directory."""
-        entry = self._get(sandbox_id)
         target = self._snapshot_path(name)
+        entry = self._get(sandbox_id)
         if not target.exists() and len(list(self.snapshot_dir.glob("*.tar"))) >= MAX_SNAPSHOTS:
             raise PolicyDeniedError(
                 f"this server keeps at most {MAX_SNAPSHOTS} snapshots; reuse a name to replace one"
@@ -461,8 +461,8 @@ class SandboxService:
 
     def restore(self, sandbox_id: str, name: str) -> dict[str, Any]:
         """Replace the workspace with snapshot ``name`` (made by this server)."""
-        entry = self._get(sandbox_id)
         source = self._snapshot_path(name)
+        entry = self._get(sandbox_id)
         if not source.is_file():
             raise ConfigurationError(f"no snapshot named {name!r} on this server")
         with self._hide_dir():
@@ -470,7 +470,7 @@ class SandboxService:
         return {"name": name, "files": meta.files, "sha256": meta.sha256, "restored": True}
 
     def _snapshot_path(self, name: str) -> Path:
-        if not isinstance(name, str) or not _SNAPSHOT_NAME.match(name):
+        if not isinstance(name, str) or not _SNAPSHOT_NAME.fullmatch(name):
             raise ConfigurationError(
                 f"snapshot name {name!r:.80} is not valid: use 1-64 letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit (it names a file in the server's snapshot directory)"
@@ -587,12 +587,10 @@ class _Rewrite:
 
 def _ceiling(settings: ServerSettings, defaults: Mapping[str, Any]) -> SecurityPolicy:
     """The server's policy with its ceilings made explicit, so clients can only narrow."""
-    from .config import ResourceLimits
-
     policy = settings.policy
-    base = ResourceLimits.build(defaults.get("memory", "512m"), defaults.get("cpus", 1.0))
-    max_memory = int(policy.max_memory) if policy.max_memory is not None else base.memory
-    max_cpus = policy.max_cpus if policy.max_cpus is not None else base.cpus
+    memory = parse_size(defaults.get("memory", "512m"), "memory")
+    max_memory = int(policy.max_memory) if policy.max_memory is not None else memory
+    max_cpus = policy.max_cpus if policy.max_cpus is not None else _number(defaults.get("cpus", 1.0), "cpus")
     max_timeout = min(policy.max_timeout or math.inf, settings.max_lifetime)
     if settings.lifetime > max_timeout:
         raise ConfigurationError(
@@ -628,7 +626,7 @@ def _unknown(sandbox_id: str) -> str:
 
 
 def _check_id(sandbox_id: object) -> str:
-    if not isinstance(sandbox_id, str) or not _SANDBOX_ID.match(sandbox_id):
+    if not isinstance(sandbox_id, str) or not _SANDBOX_ID.fullmatch(sandbox_id):
         raise ConfigurationError(f"sandbox_id {sandbox_id!r:.80} is not a sandbox id")
     return sandbox_id
 
@@ -692,8 +690,6 @@ def build_server(service: SandboxService) -> "MCPServer":
         MissingDependencyError: the ``mcp`` extra is not installed.
     """
     _import_sdk()
-    from typing import Annotated
-
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
     from mcp.types import ToolAnnotations
@@ -848,7 +844,7 @@ def build_server(service: SandboxService) -> "MCPServer":
         mime_type="application/json",
     )
     def sandbox_audit(sandbox_id: str) -> str:
-        if not _SANDBOX_ID.match(sandbox_id) or not service.knows(sandbox_id):
+        if not _SANDBOX_ID.fullmatch(sandbox_id) or not service.knows(sandbox_id):
             raise ResourceNotFoundError(f"no sandbox {sandbox_id!r:.80} on this server")
         return _json({"sandbox_id": sandbox_id, "events": service.audit(sandbox_id)})
 

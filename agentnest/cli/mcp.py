@@ -47,7 +47,7 @@ def register(commands: Commands) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="HTTP address, loopback only (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8000, help="HTTP port (default 8000)")
     parser.add_argument("--backend", help="docker (runc) or gvisor (runsc), or a plug-in (default: docker)")
-    parser.add_argument("--image", help="image of every sandbox (default: the profile's, else the base image)")
+    parser.add_argument("--image", help="image of every sandbox (default: the profile's or the base image)")
     parser.add_argument("--profile", metavar="NAME", help="settings and policy (the ceiling) from a profile")
     parser.add_argument(
         "--profile-file",
