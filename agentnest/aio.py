@@ -602,6 +602,10 @@ class AsyncSandbox:
 
     # -- lifecycle ---------------------------------------------------------------
 
+    async def extend(self, seconds: float) -> float:
+        """See :meth:`Sandbox.extend`."""
+        return await self._call(functools.partial(self._sandbox.extend, seconds))
+
     async def logs(self, tail: int = 200) -> str:
         """See :meth:`Sandbox.logs`."""
         return await self._call(functools.partial(self._sandbox.logs, tail))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import os
 import threading
 import time
@@ -200,6 +201,7 @@ class Sandbox:
         self._handle: SandboxHandle = self._backend.create(config)
         self._guard.sandbox_id = self._handle.id
         self._mono_deadline = time.monotonic() + (self._handle.deadline - time.time())
+        self._lifetime = config.lifetime
         try:
             self._connect()
             if config.secret_files:
@@ -801,6 +803,48 @@ class Sandbox:
         return _state.download(self, path, dest)
 
     # -- lifecycle ---------------------------------------------------------------
+
+    def extend(self, seconds: float) -> float:
+        """Move the sandbox's deadline ``seconds`` later; return the new deadline (epoch seconds).
+
+        The new deadline holds like the first one: the sandbox stops itself
+        then even if this process has died, and ``agentnest prune`` honours
+        it.  The policy's ``max_timeout`` bounds the whole lifetime,
+        extensions included.
+
+        Raises:
+            ConfigurationError: ``seconds`` is not a positive number.
+            PolicyDeniedError: the new lifetime would pass ``max_timeout``.
+            UnsupportedCapabilityError: the backend cannot move deadlines.
+            SandboxDestroyedError: the sandbox is gone.
+
+        .. versionadded:: 0.4.0
+        """
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds)
+            or not 0 < seconds <= 7 * 24 * 3600
+        ):
+            raise ConfigurationError(
+                f"seconds={seconds!r} must be a positive number of seconds (at most 7 days)"
+            )
+        with self._lock:
+            self._check_alive()
+            lifetime = self._lifetime + seconds
+            ceiling = self._guard.policy.max_timeout
+            if ceiling is not None and lifetime > ceiling:
+                self._guard.deny(
+                    "sandbox.extend",
+                    f"a lifetime of {lifetime:g}s would pass the policy's max_timeout {ceiling:g}s",
+                )
+            deadline = self._handle.deadline + seconds
+            self._backend.extend(self._handle, deadline)
+            self._handle.deadline = deadline
+            self._mono_deadline += seconds
+            self._lifetime = lifetime
+        self._guard.emit(EventType.SANDBOX_EXTENDED, {"seconds": seconds, "deadline": deadline})
+        return deadline
 
     def logs(self, tail: int = 200) -> str:
         """The container's own log (the keeper and agent diagnostics), redacted."""

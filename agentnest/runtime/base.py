@@ -23,6 +23,7 @@ from typing import Any
 
 from ..channel.streams import ByteStream
 from ..config import SandboxConfig
+from ..errors import UnsupportedCapabilityError
 
 
 class Capability(str, enum.Enum):
@@ -47,6 +48,8 @@ class Capability(str, enum.Enum):
     """Stops the sandbox at its deadline even if the host process died."""
     GPU = "gpu"
     """Can pass GPUs through."""
+    EXTEND = "extend"
+    """Can move a running sandbox's deadline (``Sandbox.extend``)."""
     FORK = "fork"
     SNAPSHOT = "snapshot"
     PAUSE = "pause"
@@ -114,6 +117,15 @@ class RuntimeBackend(ABC):
     def is_running(self, handle: SandboxHandle) -> bool:
         """Whether the sandbox still exists and runs (best effort)."""
         return True
+
+    def extend(self, handle: SandboxHandle, deadline: float) -> None:
+        """Move the sandbox's deadline to ``deadline`` (epoch seconds) where its own
+        timer and ``prune`` both read it.
+
+        Raises:
+            UnsupportedCapabilityError: the backend cannot (the default).
+        """
+        raise UnsupportedCapabilityError(f"the {self.name} backend cannot move a sandbox's deadline")
 
     def exit_reason(self, handle: SandboxHandle) -> str | None:
         """Why a sandbox that is no longer running stopped, if known."""

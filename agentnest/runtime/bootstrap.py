@@ -13,7 +13,9 @@ Modes:
     Used as the container's main process (PID 1).  It forks the agent (which
     keeps the host's stream), then waits: it reaps orphans like an init, and
     exits when its timer fires at the deadline, which stops the container
-    whether or not the host is still alive.  Signals without a handler do not
+    whether or not the host is still alive.  On SIGUSR1 it re-arms the timer
+    from the root-owned deadline file that ``Sandbox.extend`` writes (see
+    :mod:`agentnest.runtime.docker.deadline`).  Signals without a handler do not
     reach PID 1 from inside its namespace, so sandbox code cannot kill it.
     The engine does not end an attach stream while the container runs, so
     when the agent dies PID 1 writes :data:`AGENT_EXITED` to stderr and the
@@ -35,6 +37,8 @@ AGENT_MODULES = ("wire", "files", "exec", "interpreter", "loop")
 PACKAGE = "agentnest_agent"
 #: What PID 1 writes to the container's stderr when the first agent exits.
 AGENT_EXITED = b"\x00AGENTNEST-AGENT-EXITED\x00"
+#: A moved deadline (epoch seconds), written by the host as root; see ``rearm`` below.
+DEADLINE_FILE = "/tmp/.agentnest-deadline"
 
 BOOTSTRAP = r"""
 import os, sys
@@ -66,10 +70,33 @@ if sys.argv[1] == "keeper":
     # The deadline: when the timer fires, PID 1 exits and the container stops.
     signal.signal(signal.SIGALRM, lambda *a: os._exit(0))
     signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))
+    def rearm(*a):
+        # A moved deadline (Sandbox.extend): only from a root-owned regular
+        # file, which sandbox code (uid 65532, no capabilities) cannot write.
+        try:
+            fd = os.open("%(deadline)s", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != 0 or st.st_mode & 0o170000 != 0o100000:
+                return
+            import time
+            left = float(os.read(fd, 64)) - time.time()
+        except (OSError, ValueError):
+            return
+        finally:
+            os.close(fd)
+        if left == left:  # not NaN
+            if left <= 0:
+                os._exit(0)
+            signal.setitimer(signal.ITIMER_REAL, left)
+    signal.signal(signal.SIGUSR1, rearm)
     agent = os.fork()
     if agent == 0:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
         load().main()
         os._exit(0)
     fd = os.open("/dev/null", os.O_RDWR)
@@ -86,7 +113,7 @@ if sys.argv[1] == "keeper":
             os.write(2, b"\n\x00AGENTNEST-AGENT-EXITED\x00\n")
 else:
     load().main()
-""".replace("%(pkg)s", PACKAGE)
+""".replace("%(pkg)s", PACKAGE).replace("%(deadline)s", DEADLINE_FILE)
 
 
 @lru_cache(maxsize=1)

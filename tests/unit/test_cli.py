@@ -306,6 +306,19 @@ class FakeDockerAPI:
         self.calls: list[tuple[str, str, dict[str, Any]]] = []
         self.failures: dict[str, Exception] = {}
         self.filters_seen: list[Any] = []
+        self.extended: dict[str, float] = {}
+        """Deadlines moved inside containers (Sandbox.extend), read through exec as root."""
+
+    def exec_create(self, cid: str, argv: list[str], **kwargs: Any) -> dict[str, str]:
+        assert kwargs.get("user") == "0", "the deadline file is only trusted when root wrote it"
+        return {"Id": cid}
+
+    def exec_start(self, exec_id: str, **kwargs: Any) -> bytes:
+        value = self.extended.get(exec_id)
+        return b"" if value is None else f"{value:.3f}\n".encode()
+
+    def exec_inspect(self, exec_id: str) -> dict[str, int]:
+        return {"ExitCode": 0}
 
     def _managed(self, items: list[dict[str, Any]], filters: Any) -> list[dict[str, Any]]:
         self.filters_seen.append(filters)
@@ -450,6 +463,17 @@ def test_prune_tolerates_races_and_collects_other_errors(api: FakeDockerAPI) -> 
     assert "container c-broken: driver failed" in report.errors[0]
     assert "volume v-expired: volume is in use" in report.errors[1]
     assert not report.ok
+
+
+def test_prune_honours_a_deadline_moved_inside_a_running_container(api: FakeDockerAPI) -> None:
+    api.containers_[0]["State"] = "running"  # c-expired, sandbox "exp"
+    api.networks_[0]["Labels"] = tags(NOW - 1, sandbox="exp")
+    api.extended = {"c-expired": NOW + 600}
+    report = prune(api, now=NOW)
+    assert report.containers == ()
+    assert [r.id for r in report.networks] == []  # its sandbox still runs on it
+    api.extended = {"c-expired": NOW - 5}  # moved, but passed too
+    assert [r.id for r in prune(api, now=NOW).containers] == ["c-expired"]
 
 
 def test_prune_report_is_frozen() -> None:

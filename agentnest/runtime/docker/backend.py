@@ -236,6 +236,7 @@ class DockerBackend(RuntimeBackend):
             # so they need nothing from the engine and work with remote engines.
             Capability.FORK,
             Capability.SNAPSHOT,
+            Capability.EXTEND,
         }
         if self.spec.oci_runtime == "runc":
             caps.add(Capability.NETWORK_OPEN)
@@ -489,6 +490,21 @@ class DockerBackend(RuntimeBackend):
             except docker.errors.APIError as exc:
                 if exc.status_code != 409:  # removal already in progress
                     raise
+
+    def extend(self, handle: SandboxHandle, deadline: float) -> None:
+        # Labels cannot change: the new deadline goes into the container, for
+        # its keeper and for prune (see deadline.py for why sandbox code cannot forge it).
+        from . import deadline as moved
+
+        if handle.info.get("egress_topology") is not None:
+            # The proxy container keeps its own deadline and cannot move it yet:
+            # refuse rather than leave a sandbox whose way out dies early.
+            raise UnsupportedCapabilityError(
+                "extend() is not available for allowlist sandboxes in this version; "
+                "create the sandbox with the lifetime it needs"
+            )
+        moved.write(self.api, handle.info["container"], self.spec.python, deadline)
+        handle.deadline = deadline
 
     def is_running(self, handle: SandboxHandle) -> bool:
         import docker.errors

@@ -188,6 +188,12 @@ def prune(
         for c in raw_containers
         if (r := pick("container", c["Id"], _container_name(c), c.get("Labels"))) is not None
     ]
+    # An expired label is not the last word: Sandbox.extend() may have moved the
+    # deadline of a running sandbox, recorded inside it (see deadline.py).
+    running = {c["Id"] for c in raw_containers if c.get("State") == "running"}
+    found = [
+        r for r in found if not (r.reason == EXPIRED and r.id in running and _extended(api, r.id, moment))
+    ]
     chosen = {r.id for r in found}
     # Sandboxes whose sandbox container stays: their proxies and networks stay too.
     alive = {
@@ -214,6 +220,8 @@ def prune(
     for n in raw_networks:
         name = n.get("Name") or n["Id"][:12]
         r = pick("network", n["Id"], name, n.get("Labels"))
+        if r is not None and r.reason == EXPIRED and r.sandbox and r.sandbox in in_use:
+            r = None  # its (extended) sandbox still runs on it
         if r is None:
             r = sandbox_gone("network", n["Id"], name, n.get("Labels"), in_use)
         if r is not None:
@@ -228,6 +236,14 @@ def prune(
     volumes = sweep(found, lambda r: api.remove_volume(r.id))
 
     return PruneReport(containers, networks, volumes, tuple(errors), dry_run)
+
+
+def _extended(api: Any, cid: str, now: float) -> bool:
+    """Whether a running container's deadline was moved past ``now``."""
+    from . import deadline as moved
+
+    found = moved.read(api, cid, "python3")
+    return found is not None and found > now
 
 
 def _parse_deadline(value: str | None) -> float | None:

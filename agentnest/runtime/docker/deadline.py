@@ -1,0 +1,100 @@
+"""Moving a sandbox's deadline after creation (``Sandbox.extend``).
+
+Container labels cannot change, so an extended deadline lives in the
+container itself, where both its deadline keeper (PID 1) and ``prune`` read
+it: the file :data:`DEADLINE_FILE` on the sandbox's scratch tmpfs, written by
+the host as root through the engine (``docker exec --user 0``).
+
+Why sandbox code cannot use it to outlive its deadline:
+
+* it runs as UID 65532 without capabilities, so it cannot write a root-owned
+  file, nor replace or remove one in the sticky ``/tmp``;
+* the keeper re-arms its timer from the file only if the file is owned by
+  root, is a regular file and is not a link; a signal sent by sandbox code
+  (SIGUSR1 reaches PID 1 because the keeper handles it) only makes it re-read
+  that file;
+* if sandbox code creates the file (or its temporary name) first, the host's
+  write fails and ``extend`` raises: the old deadline stays (fail closed).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...errors import BackendError, SandboxDestroyedError
+from ..bootstrap import DEADLINE_FILE
+
+# Runs as root in the sandbox: write the deadline atomically, never through a link.
+_WRITE = f"""
+import os, sys
+path = {DEADLINE_FILE!r}
+fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+os.write(fd, sys.argv[1].encode())
+os.close(fd)
+try:
+    os.rename(path + ".new", path)
+except OSError:
+    os.unlink(path + ".new")
+    raise
+"""
+
+# Runs as root in the sandbox: the deadline, only from a root-owned regular file.
+_READ = f"""
+import os, stat
+try:
+    fd = os.open({DEADLINE_FILE!r}, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+except OSError:
+    raise SystemExit(0)
+st = os.fstat(fd)
+if st.st_uid == 0 and stat.S_ISREG(st.st_mode):
+    print(os.read(fd, 64).decode("ascii", "replace").strip())
+"""
+
+
+def _run(api: Any, cid: str, argv: list[str], timeout: float = 30.0) -> tuple[int, bytes]:
+    exec_id = api.exec_create(cid, argv, user="0", stdout=True, stderr=True)["Id"]
+    output = api.exec_start(exec_id, demux=False)
+    code = api.exec_inspect(exec_id).get("ExitCode")
+    return (code if isinstance(code, int) else -1), (output or b"")
+
+
+def write(api: Any, cid: str, python: str, deadline: float) -> None:
+    """Record ``deadline`` in the container and tell its keeper (SIGUSR1).
+
+    Raises:
+        SandboxDestroyedError: the container is not running.
+        BackendError: the file could not be written (sandbox code got in the way).
+    """
+    import docker.errors
+
+    try:
+        code, output = _run(api, cid, [python, "-I", "-S", "-c", _WRITE, f"{deadline:.3f}"])
+        if code != 0:
+            tail = output.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+            raise BackendError(
+                f"could not record the new deadline in the sandbox ({tail[0][:200]}); "
+                "sandbox code may have created its file first; the old deadline stays"
+            )
+        api.kill(cid, signal="SIGUSR1")
+    except docker.errors.NotFound:
+        raise SandboxDestroyedError("the sandbox's container is gone") from None
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409:
+            raise SandboxDestroyedError("the sandbox's container is not running") from None
+        raise BackendError(f"the engine refused to extend the sandbox: {exc.explanation or exc}") from None
+
+
+def read(api: Any, cid: str, python: str) -> float | None:
+    """The extended deadline recorded in a running container, or None (not extended, unreadable)."""
+    try:
+        code, output = _run(api, cid, [python, "-I", "-S", "-c", _READ])
+    except Exception:  # a container going away meanwhile: no extension to honour
+        return None
+    if code != 0:
+        return None
+    try:
+        value = float(output.decode("ascii", "replace").strip() or "nan")
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
