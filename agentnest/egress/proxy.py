@@ -721,7 +721,8 @@ class Proxy:
         loop = asyncio.get_running_loop()
         try:
             infos = await asyncio.wait_for(
-                loop.getaddrinfo(name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP),
+                # The absolute name (trailing dot): never a resolver search-list expansion.
+                loop.getaddrinfo(name + ".", port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP),
                 self.limits.resolve_timeout,
             )
         except (OSError, asyncio.TimeoutError, UnicodeError) as exc:

@@ -162,6 +162,8 @@ def test_spec_validates_the_hosts_mapping() -> None:
     assert dict(spec.egress_hosts) == {"Files.Example.": "10.0.0.5"}
     with pytest.raises(TypeError):
         spec.egress_hosts["x"] = "1.2.3.4"  # type: ignore[index]
+    assert hash(spec) == hash(DockerSpec(egress_hosts={"other.example": "10.0.0.6"}))
+    assert spec != DockerSpec(egress_hosts={"other.example": "10.0.0.6"})
     for bad in ({"not a name": "1.2.3.4"}, {"a.example": "nowhere"}, ["a.example"]):
         with pytest.raises(ConfigurationError, match="egress_hosts"):
             DockerSpec(egress_hosts=bad)  # type: ignore[arg-type]

@@ -676,7 +676,7 @@ def test_resolves_once_and_connects_to_the_checked_address(
     real = socket.getaddrinfo
 
     def fake_getaddrinfo(host: str, port: Any, *args: Any, **kwargs: Any) -> list[Any]:
-        if host != "dns.allowed.test":
+        if host != "dns.allowed.test.":  # the proxy asks for the absolute name
             return real(host, port, *args, **kwargs)  # the client's own connection to the proxy
         calls.append(host)
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (next(answers), port))]
@@ -684,7 +684,7 @@ def test_resolves_once_and_connects_to_the_checked_address(
     monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
     p = make_proxy(domains=("dns.allowed.test",), hosts={})
     assert fetch(p, f"http://dns.allowed.test:{plain.port}/").startswith(b"hello")
-    assert calls == ["dns.allowed.test"]
+    assert calls == ["dns.allowed.test."]
     assert last(p, 1)["address"] == "127.0.0.1"
 
 
@@ -694,7 +694,7 @@ def test_unresolvable_name_is_a_denial(
     real = socket.getaddrinfo
 
     def fail(host: str, *args: Any, **kwargs: Any) -> list[Any]:
-        if host != "nx.allowed.test":
+        if host != "nx.allowed.test.":
             return real(host, *args, **kwargs)
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 

@@ -95,7 +95,8 @@ class DockerSpec:
     docker_host: str | None = None
     pull: bool = True
     python: str = "python3"
-    egress_hosts: Mapping[str, str] = field(default_factory=dict)
+    # Not part of the hash (a mapping is not hashable); still compared.
+    egress_hosts: Mapping[str, str] = field(default_factory=dict, hash=False)
     egress_network: str = "bridge"
     egress_subnets: str = egress.DEFAULT_SUBNETS
     proxy_image: str | None = None
