@@ -13,11 +13,13 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import glob
 import http.server
 import ipaddress
 import json
 import os
 import random
+import shutil
 import socket
 import ssl
 import subprocess
@@ -824,7 +826,26 @@ def test_proxy_source_runs_on_python_3_8() -> None:
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}
 
 
-def test_program_prints_ready_and_stops_at_its_deadline(servers: Servers) -> None:
+def _python38() -> str | None:
+    """A Python 3.8 interpreter on this machine, if there is one (PATH or pyenv)."""
+    candidates = [
+        shutil.which("python3.8"),
+        *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8"))),
+    ]
+    for candidate in candidates:
+        if candidate and subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+@pytest.mark.parametrize("python", [sys.executable, "python3.8"], ids=["this-python", "python3.8"])
+def test_program_prints_ready_and_stops_at_its_deadline(servers: Servers, python: str) -> None:
+    """The proxy as a program, on this Python and on the oldest it supports (if installed)."""
+    if python == "python3.8":
+        found = _python38()
+        if found is None:
+            pytest.skip("no Python 3.8 on this machine")
+        python = found
     plain, _ = servers
     config = {
         "listen": ["127.0.0.1", 0],
@@ -835,7 +856,7 @@ def test_program_prints_ready_and_stops_at_its_deadline(servers: Servers) -> Non
         "deadline": time.time() + 3,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-S", px.__file__, json.dumps(config)], stdout=subprocess.PIPE, text=True
+        [python, "-S", px.__file__, json.dumps(config)], stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None
