@@ -223,14 +223,6 @@ def test_listing_requests_are_bounded(crowded: Sandbox) -> None:
     assert crowded.exec_shell("echo alive").stdout == "alive\n"
 
 
-CROWDED_LISTING = (
-    "BUG: a listing travels in one frame header, which the host bounds at 64 KiB; about 1,500 "
-    "entries exceed it, so list_files() on a crowded directory raises ChannelError and restarts "
-    "the agent (the host is unharmed, the listing is denied). Entries should travel in the frame "
-    "body or in pages (sandbox.py and the agent loop together)"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=ChannelError, reason=CROWDED_LISTING)
 def test_listing_a_directory_crowded_by_sandbox_code_works(crowded: Sandbox) -> None:
+    # Entries travel in frame bodies, a bounded chunk at a time, not in one header.
     assert len(crowded.list_files("many")) == 3000

@@ -159,14 +159,6 @@ def test_per_call_secrets_are_redacted(secretive: Secretive) -> None:
     assert secretive.sandbox.exec(["echo", other]).stdout == REDACTED + "\n"
 
 
-FILE_NAMES_LEAK = (
-    "HOLE: list_files() returns workspace paths unredacted, so sandbox code can name a file after "
-    "the secret and the listing carries it to the caller verbatim (fix in Sandbox.list_files / "
-    "artifacts: pass paths through the guard's redaction)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=FILE_NAMES_LEAK)
 def test_secret_as_a_file_name_is_redacted_in_listings(secretive: Secretive) -> None:
     sb = secretive.sandbox
     sb.exec_shell('mkdir -p names && : > "names/$API_TOKEN"').check()
