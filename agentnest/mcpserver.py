@@ -864,22 +864,36 @@ def run(
     host: str = "127.0.0.1",
     port: int = 8000,
 ) -> None:
-    """Serve until the client disconnects (stdio) or the process is stopped (HTTP).
+    """Serve until the client disconnects (stdio) or the process is stopped.
 
-    Every sandbox is destroyed on the way out; SIGTERM stops the server the
-    same way, and during that clean-up it is ignored so that the clean-up
-    can finish.
+    Every sandbox is destroyed on the way out: when stdin ends (stdio), and
+    on SIGTERM or SIGINT, after which the process exits with 128 + the signal
+    number.  Further signals are ignored while the sandboxes are destroyed.
     """
     _import_sdk()
     service = SandboxService(settings)
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
-
+    stop = (signal.SIGTERM, signal.SIGINT)
     in_main = threading.current_thread() is threading.main_thread()
-    if in_main and transport == "stdio":  # uvicorn handles SIGTERM itself for HTTP
-        signal.signal(signal.SIGTERM, on_sigterm)
+    previous = {sig: signal.getsignal(sig) for sig in stop} if in_main else {}
+
+    def hold_signals() -> None:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # Clean up here and exit at once: unwinding instead would wait for
+        # the SDK's stdin reader, a worker thread blocked in read() that no
+        # cancellation reaches, so the process would never exit.  (uvicorn
+        # runs its own graceful shutdown first and then re-raises the signal
+        # to this handler.)
+        hold_signals()
+        try:
+            service.close()
+        finally:
+            os._exit(128 + signum)
+
+    for sig in previous:
+        signal.signal(sig, on_signal)
     try:
         server = build_server(service)
         if transport == "stdio":
@@ -887,13 +901,12 @@ def run(
         else:
             server.run("streamable-http", host=host, port=port)
     finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the clean-up finish
+        hold_signals()  # let the clean-up finish
         try:
             service.close()
         finally:
-            if in_main:
-                signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 __all__ = [
