@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import dataclasses
 import functools
 import inspect
 import math
@@ -25,7 +26,7 @@ from .approvals import ApprovalHook, ApprovalRequest, command_line
 
 __all__ = ["ApprovalRequest", "Guard", "StreamDecoder", "scrub_errors"]
 from .channel.protocol import RawExit
-from .config import ExecutionChunk, ExecutionResult, SandboxConfig
+from .config import ExecutionChunk, ExecutionResult, FileInfo, SandboxConfig
 from .errors import (
     AgentNestError,
     ConfigurationError,
@@ -269,6 +270,11 @@ class Guard:
             {"exit_code": raw.code, "duration": raw.duration, "truncated": result.truncated},
         )
         return result
+
+    def redact_info(self, info: FileInfo) -> FileInfo:
+        """A listing entry with secrets redacted from its path."""
+        path = self.redact(info.path)
+        return info if path == info.path else dataclasses.replace(info, path=path)
 
     def stream_decoder(self) -> StreamDecoder:
         return StreamDecoder(self._forms)

@@ -638,13 +638,16 @@ class Sandbox:
         """List a workspace directory (links are listed, never followed)."""
         rel = self._guard.workspace_path(path)
         self._guard.approve("file.list", {"path": self._guard.absolute(rel)})
-        reply = self._request(
-            {"t": "list", "path": rel, "recursive": bool(recursive), "max_entries": max_entries}
-        )
-        entries = reply.get("entries")
-        if not isinstance(entries, list) or len(entries) > max_entries:
-            raise ChannelError("the agent sent an invalid listing")
-        return [_file_info(e) for e in entries]
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or not 0 <= max_entries <= 10**6:
+            raise ConfigurationError(f"max_entries={max_entries!r} must be 0 to 1000000")
+        try:
+            entries, _ = self._ch().list_entries(
+                rel, bool(recursive), max_entries, self._file_deadline(max_entries * 256)
+            )
+        except ChannelError as exc:
+            raise self._lost(exc) from None
+        # File names come from the sandbox: sandbox code can name a file after a secret.
+        return [self._guard.redact_info(_file_info(e)) for e in entries]
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists in the workspace (without following a final link)."""

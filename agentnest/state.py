@@ -34,6 +34,7 @@ files untouched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -2110,7 +2111,9 @@ def _artifacts(sandbox: Sandbox, base: str, regex: str, pattern: str) -> Iterato
                 count += 1
                 if count > MAX_ARTIFACTS:
                     raise FileAccessError(f"more than {MAX_ARTIFACTS} files match", code="too_many")
-                yield _artifact(line, compiled)
+                found = _artifact(line, compiled)
+                # File names come from the sandbox: they may spell a secret.
+                yield dataclasses.replace(found, path=sandbox._guard.redact(found.path))
             if len(buffer) > 3 * MAX_NAME_BYTES + 200:
                 raise ChannelError("the hasher sent an overlong line")
         try:

@@ -6,13 +6,14 @@ host (the host is the one that started it); the host does not trust it.
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import selectors
 import signal
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from . import exec as execmod
 from . import files, wire
@@ -24,6 +25,8 @@ CAPABILITIES = ["exec", "stream", "stdin", "files", "tree-kill", "session"]
 HEARTBEAT = 1.0
 #: Largest body the agent puts in one output frame.
 OUT_CHUNK = 256 * 1024
+#: Bytes of listing entries per frame body.
+LIST_CHUNK = 256 * 1024
 #: Largest file read served, unless the request asks for less.
 DEFAULT_MAX_READ = 64 * 1024 * 1024
 
@@ -243,7 +246,20 @@ class Agent:
             entries, truncated = self.workspace.list(
                 h.get("path", ""), bool(h.get("recursive")), int(h.get("max_entries", 10000))
             )
-            self.send({"t": "done", "id": rid, "entries": entries, "truncated": truncated})
+            # Entries go in frame bodies, one JSON line each, a bounded chunk at
+            # a time: a crowded directory must not overflow one frame header.
+            lines: List[bytes] = []
+            size = 0
+            for entry in entries:
+                line = json.dumps(entry, separators=(",", ":")).encode("ascii") + b"\n"
+                if size + len(line) > LIST_CHUNK and lines:
+                    self.send({"t": "data", "id": rid}, b"".join(lines))
+                    lines, size = [], 0
+                lines.append(line)
+                size += len(line)
+            if lines:
+                self.send({"t": "data", "id": rid}, b"".join(lines))
+            self.send({"t": "done", "id": rid, "count": len(entries), "truncated": truncated})
         elif kind == "stat":
             self.send({"t": "done", "id": rid, "entry": self.workspace.stat(h.get("path", ""))})
         elif kind == "mkdir":

@@ -14,6 +14,7 @@ treated as gone: the channel closes and the owner starts a new one.
 from __future__ import annotations
 
 import itertools
+import json
 import queue
 import threading
 import time
@@ -402,6 +403,45 @@ class Channel:
                 else:
                     _raise_if_error(header, path)
                     raise ChannelError(f"unexpected {kind!r:.30} frame while reading {path!r}")
+        finally:
+            self._unregister(p)
+
+    def list_entries(
+        self, path: str, recursive: bool, max_entries: int, deadline: float | None
+    ) -> tuple[list[Any], bool]:
+        """A directory listing: raw entries (validated by the caller) and whether it was cut."""
+        p = self._register()
+        entries: list[Any] = []
+        # An entry is a path (at most a few KiB) and four numbers.
+        max_bytes = max_entries * 8192
+        total = 0
+        try:
+            self.send(
+                {"t": "list", "id": p.rid, "path": path, "recursive": recursive, "max_entries": max_entries}
+            )
+            while True:
+                header, body = self._get(p, deadline, f"the listing of {path or '.'!r}")
+                kind = header["t"]
+                if kind == "data":
+                    total += len(body)
+                    if total > max_bytes:
+                        self.close("the agent sent a listing larger than allowed")
+                        raise ChannelError(f"the agent sent more than {max_bytes} bytes of listing")
+                    try:
+                        entries.extend(json.loads(line) for line in body.splitlines() if line)
+                    except ValueError:
+                        self.close("the agent sent a malformed listing")
+                        raise ChannelError("the agent sent a malformed listing") from None
+                    if len(entries) > max_entries:
+                        self.close("the agent sent more entries than asked for")
+                        raise ChannelError(f"the agent sent more than {max_entries} entries")
+                elif kind == "done":
+                    if header.get("count") != len(entries) or not isinstance(header.get("truncated"), bool):
+                        raise ChannelError("the agent's listing count does not match its entries")
+                    return entries, bool(header["truncated"])
+                else:
+                    _raise_if_error(header, path)
+                    raise ChannelError(f"unexpected {kind!r:.30} frame while listing {path!r}")
         finally:
             self._unregister(p)
 

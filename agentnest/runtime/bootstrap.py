@@ -67,6 +67,26 @@ def load():
     return sys.modules["%(pkg)s.loop"]
 if sys.argv[1] == "keeper":
     import signal
+    # PID 1 runs as the sandbox's UID: made non-dumpable, code of that UID
+    # cannot open /proc/1/mem (or ptrace it) to rewrite the deadline away.
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except Exception:
+        pass
+    # Every catchable signal is ignored (Python's own SIGINT handler too):
+    # sandbox code must not end its sandbox early.  gVisor delivers signals
+    # to PID 1 even without a handler, so ignoring is the only protection there.
+    KEEP = (signal.SIGALRM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGKILL, signal.SIGSTOP,
+            signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+    IGNORED = []
+    for sig in range(1, signal.NSIG):
+        if sig not in KEEP:
+            try:
+                signal.signal(sig, signal.SIG_IGN)
+                IGNORED.append(sig)
+            except (OSError, RuntimeError, ValueError):
+                pass
     # The deadline: when the timer fires, PID 1 exits and the container stops.
     signal.signal(signal.SIGALRM, lambda *a: os._exit(0))
     signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))
@@ -97,6 +117,9 @@ if sys.argv[1] == "keeper":
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        for sig in IGNORED:  # ignored dispositions survive exec: not for commands
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         load().main()
         os._exit(0)
     fd = os.open("/dev/null", os.O_RDWR)

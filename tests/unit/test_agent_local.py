@@ -538,27 +538,41 @@ def test_list(agent: Agent) -> None:
     (ws / "d" / "f.txt").write_bytes(b"12")
     (ws / "top.txt").write_bytes(b"1")
     os.symlink("/etc", ws / "link")
-    flat = agent.channel.request({"t": "list", "path": "", "recursive": False}, agent.deadline())
-    assert [e[:2] for e in flat["entries"]] == [["d", "dir"], ["link", "symlink"], ["top.txt", "file"]]
-    assert flat["truncated"] is False
-    deep = agent.channel.request({"t": "list", "path": "", "recursive": True}, agent.deadline())
-    paths = [e[0] for e in deep["entries"]]
+
+    def listing(path: str, recursive: bool, max_entries: int = 10000) -> tuple[list[Any], bool]:
+        return agent.channel.list_entries(path, recursive, max_entries, agent.deadline())
+
+    flat, truncated = listing("", False)
+    assert [e[:2] for e in flat] == [["d", "dir"], ["link", "symlink"], ["top.txt", "file"]]
+    assert truncated is False
+    deep, _ = listing("", True)
+    paths = [e[0] for e in deep]
     assert paths == ["d", "d/e", "d/e/deep.txt", "d/f.txt", "link", "top.txt"]  # the link is not followed
-    sizes = {e[0]: e[2] for e in deep["entries"]}
+    sizes = {e[0]: e[2] for e in deep}
     assert sizes["d/e/deep.txt"] == 3
-    sub = agent.channel.request({"t": "list", "path": "d", "recursive": True}, agent.deadline())
-    assert [e[0] for e in sub["entries"]] == ["d/e", "d/e/deep.txt", "d/f.txt"]
-    capped = agent.channel.request(
-        {"t": "list", "path": "", "recursive": True, "max_entries": 2}, agent.deadline()
-    )
-    assert len(capped["entries"]) == 2
-    assert capped["truncated"] is True
+    sub, _ = listing("d", True)
+    assert [e[0] for e in sub] == ["d/e", "d/e/deep.txt", "d/f.txt"]
+    capped, truncated = listing("", True, 2)
+    assert len(capped) == 2
+    assert truncated is True
+
+
+def test_a_crowded_directory_is_listed_in_several_frames(agent: Agent) -> None:
+    crowded = agent.workspace / "crowded"
+    crowded.mkdir()
+    names = [f"{i:05d}-{'x' * 200}" for i in range(3000)]  # ~700 KB of entries: three frames
+    for name in names:
+        (crowded / name).write_bytes(b"")
+    entries, truncated = agent.channel.list_entries("crowded", False, 10000, agent.deadline())
+    assert [e[0] for e in entries] == [f"crowded/{n}" for n in names]
+    assert truncated is False
+    assert agent.channel.request({"t": "ping"}, agent.deadline())["t"] == "pong"  # the channel is fine
 
 
 def test_list_through_a_symlink_refused(agent: Agent) -> None:
     os.symlink("/etc", agent.workspace / "link")
     with pytest.raises(FileAccessError) as info:
-        agent.channel.request({"t": "list", "path": "link"}, agent.deadline())
+        agent.channel.list_entries("link", False, 10, agent.deadline())
     assert info.value.code in ("symlink", "not_directory")
 
 
@@ -1105,6 +1119,53 @@ def test_peer_file_size_mismatch(peer: Peer) -> None:
     t.join(WAIT)
     assert not t.is_alive()
     assert isinstance(result.get("error"), ChannelError)
+
+
+@pytest.mark.parametrize(
+    ("frames", "closes"),
+    [
+        pytest.param(
+            [(b'["a","file",1,420,0.0]\n' * 3, None), (None, {"count": 3, "truncated": False})],
+            True,
+            id="more-entries-than-asked",
+        ),
+        pytest.param([(b"not json\n", None)], True, id="malformed"),
+        pytest.param(
+            [(b'["a","file",1,420,0.0]\n', None), (None, {"count": 2, "truncated": False})],
+            False,
+            id="count-mismatch",
+        ),
+        pytest.param([(None, {"count": 0, "truncated": "no"})], False, id="bad-truncated"),
+    ],
+)
+def test_peer_sending_a_bad_listing(
+    peer: Peer, frames: list[tuple[bytes | None, dict[str, Any] | None]], closes: bool
+) -> None:
+    ch = connected(peer)
+    result: dict[str, Any] = {}
+
+    def listing() -> None:
+        try:
+            result["entries"] = ch.list_entries("", False, 2, time.monotonic() + WAIT)
+        except BaseException as exc:
+            result["error"] = exc
+
+    t = threading.Thread(target=listing)
+    t.start()
+    request, _ = peer.receive()
+    assert request["t"] == "list" and request["max_entries"] == 2
+    try:
+        for body, done in frames:
+            if body is not None:
+                peer.send({"t": "data", "id": request["id"]}, body)
+            if done is not None:
+                peer.send({"t": "done", "id": request["id"], **done})
+    except BrokenPipeError:
+        assert closes  # the host hung up on the first bad frame
+    t.join(WAIT)
+    assert not t.is_alive()
+    assert isinstance(result.get("error"), ChannelError), result
+    assert ch.alive is not closes
 
 
 def test_peer_error_codes_map_to_errors(peer: Peer) -> None:
