@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -102,20 +101,22 @@ def _count(text: str) -> int:
 
 
 def check_host(host: str) -> str:
-    """Refuse an HTTP address other than loopback: the server has no authentication."""
-    if host == "localhost":
-        return host
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    """Refuse an HTTP address other than loopback: the server has no authentication.
+
+    Exactly the addresses for which the MCP SDK turns on its DNS-rebinding
+    protection (Host and Origin checks), so that a web page the user opens
+    cannot reach the server through a name that resolves to 127.0.0.1.
+    """
+    if host not in _LOOPBACK:
         raise ConfigurationError(
             f"--host {host}: agentnest mcp has no authentication, so it serves loopback only "
-            "(127.0.0.1, ::1, localhost); for remote clients use `agentnest serve` (bearer tokens) "
+            f"({', '.join(_LOOPBACK)}); for remote clients use `agentnest serve` (bearer tokens) "
             "or an authenticating proxy in front of a loopback server"
         )
     return host
+
+
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
