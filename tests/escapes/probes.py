@@ -103,11 +103,12 @@ NAMESPACES = {
 
 #: Runs system calls given as JSON: {name: [syscall, arg, ...]}.  An argument
 #: is an int, "s:TEXT" (a C string), "hex:BYTES" (a buffer with those bytes),
-#: "buf" (a zeroed 4 KiB buffer), "ppid" (the agent) or "fd:PATH" (a
-#: descriptor of PATH, or the errno of opening it as the result).  A call
+#: "buf" (a zeroed 4 KiB buffer), "ppid" (the agent), "now" (a timespec of
+#: the current time, so that setting the clock would not move it) or
+#: "fd:PATH" (a descriptor of PATH, or the errno of opening it as the result).  A call
 #: named clone* that returns 0 is a child that must not go on.
 SYSCALLS = r"""
-import ctypes, json, os, sys
+import ctypes, json, os, struct, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 def arg(a):
@@ -117,6 +118,9 @@ def arg(a):
         return ctypes.create_string_buffer(4096)
     if a == "ppid":
         return ctypes.c_long(os.getppid())
+    if a == "now":
+        ns = time.time_ns()
+        return ctypes.create_string_buffer(struct.pack("<qq", ns // 10**9, ns % 10**9), 16)
     kind, _, text = a.partition(":")
     if kind == "s":
         return ctypes.c_char_p(text.encode())

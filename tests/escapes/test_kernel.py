@@ -36,9 +36,9 @@ CALLS: dict[str, list[Any]] = {
     "kexec_file_load": [NR["kexec_file_load"], -1, -1, 0, "s:", 0],
     # LINUX_REBOOT_CMD_CAD_OFF: only turns off Ctrl-Alt-Del handling.
     "reboot": [NR["reboot"], 0xFEE1DEAD, 672274793, 0, 0],
-    # settimeofday(NULL, tz) and clock_settime to the time the probe was built: no jump.
+    # settimeofday(NULL, tz) and clock_settime to the current time: no jump.
     "settimeofday": [NR["settimeofday"], 0, "buf"],
-    "clock_settime": [NR["clock_settime"], 0, hexbuf("<qq", int(time.time()) + 0, 0)],
+    "clock_settime": [NR["clock_settime"], 0, "now"],
     "clock_adjtime": [NR["clock_adjtime"], 0, "buf"],  # modes=0: read-only
     "adjtimex": [NR["adjtimex"], "buf"],  # modes=0: read-only
     "syslog_read_all": [NR["syslog"], 3, "buf", 4096],
