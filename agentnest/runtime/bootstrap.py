@@ -112,6 +112,10 @@ if sys.argv[1] == "keeper":
                 os._exit(0)
             signal.setitimer(signal.ITIMER_REAL, left)
     signal.signal(signal.SIGUSR1, rearm)
+    # Objects made so far are shared with the agent after the fork; frozen,
+    # the agent's garbage collections do not touch (and so copy) their pages.
+    import gc
+    gc.freeze()
     agent = os.fork()
     if agent == 0:
         signal.setitimer(signal.ITIMER_REAL, 0)
