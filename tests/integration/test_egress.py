@@ -535,6 +535,8 @@ def test_destroy_removes_proxy_and_network(
     assert host_config["ReadonlyRootfs"] and host_config["CapDrop"] == ["ALL"]
     assert "no-new-privileges:true" in host_config["SecurityOpt"]
     assert host_config["LogConfig"]["Type"] == "none"
+    assert host_config["SecurityOpt"] and any(o.startswith("seccomp=") for o in host_config["SecurityOpt"])
+    assert proxy.exec_run(["cat", "/proc/sys/net/ipv4/ip_forward"]).output == b"0\n"  # no routing
     nets = docker_client.networks.list(filters=selector)
     assert len(nets) == 1
     attrs = nets[0].attrs
