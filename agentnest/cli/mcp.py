@@ -120,9 +120,9 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`~agentnest.mcpserver.ServerSettings` the options describe."""
+    """The :class:`~agentnest.mcp.ServerSettings` the options describe."""
     from ..audit import JsonLogObserver
-    from ..mcpserver import DEFAULT_LIFETIME, ServerSettings
+    from ..mcp import DEFAULT_LIFETIME, ServerSettings
     from ..policy import SecurityPolicy
     from ..profiles import find_profile_file, load_profiles
 
@@ -169,7 +169,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 def handle(args: argparse.Namespace) -> int:
     """Serve until the client goes away (stdio) or the process is interrupted (HTTP)."""
-    from ..mcpserver import run
+    from ..mcp import run
 
     if args.transport == "http":
         check_host(args.host)

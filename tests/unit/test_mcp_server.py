@@ -34,7 +34,7 @@ from agentnest.channel.streams import ByteStream
 from agentnest.cli import main
 from agentnest.cli.mcp import check_host, settings_from_args
 from agentnest.config import SandboxConfig
-from agentnest.mcpserver import (
+from agentnest.mcp import (
     MAX_TEXT_CHARS,
     SandboxService,
     ServerSettings,
@@ -571,7 +571,7 @@ def test_a_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch, service:
 
 def test_importing_agentnest_and_its_cli_does_not_import_mcp() -> None:
     code = (
-        "import sys, agentnest, agentnest.cli, agentnest.mcpserver, agentnest.cli.mcp\n"
+        "import sys, agentnest, agentnest.cli, agentnest.mcp, agentnest.cli.mcp\n"
         "assert not any(m == 'mcp' or m.startswith('mcp.') for m in sys.modules), 'mcp imported'\n"
         "assert 'pydantic' not in sys.modules\n"
     )
