@@ -602,6 +602,10 @@ class AsyncSandbox:
 
     # -- lifecycle ---------------------------------------------------------------
 
+    async def network_log(self) -> list[dict[str, Any]]:
+        """See :meth:`Sandbox.network_log`."""
+        return self._sandbox.network_log()  # a copy of an in-memory log: no I/O, no thread
+
     async def extend(self, seconds: float) -> float:
         """See :meth:`Sandbox.extend`."""
         return await self._call(functools.partial(self._sandbox.extend, seconds))

@@ -137,7 +137,7 @@ class Guard:
         """
         if not self.hooks:
             return
-        details = self._redact_data(dict(details))
+        details = self.redact_data(dict(details))
         request = ApprovalRequest(kind, self.sandbox_id, MappingProxyType(details))
         self.emit(EventType.APPROVAL_REQUESTED, {"kind": kind, **details})
         for hook in self.hooks:
@@ -164,14 +164,17 @@ class Guard:
             return "the approval hook returned an awaitable where an answer was expected"
         return None if answer else "the approval hook refused"
 
-    def emit(self, kind: EventType, data: Mapping[str, Any]) -> None:
+    def emit(self, kind: EventType, data: Mapping[str, Any], actor: str = "host") -> None:
         if not self.observers:
             return
-        event = SandboxEvent(kind, self.sandbox_id, MappingProxyType(self._redact_data(dict(data))))
+        event = SandboxEvent(
+            kind, self.sandbox_id, MappingProxyType(self.redact_data(dict(data))), actor=actor
+        )
         for observer in self.observers:
             observer(event)
 
-    def _redact_data(self, data: dict[str, Any]) -> dict[str, Any]:
+    def redact_data(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """A copy of ``data`` with secrets redacted from every string in it (bounded)."""
         return {k: self._redact_value(v, 0) for k, v in data.items()}
 
     def _redact_value(self, value: Any, depth: int) -> Any:

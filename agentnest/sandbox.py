@@ -28,6 +28,7 @@ from .config import (
     SnapshotMetadata,
 )
 from .errors import (
+    AuditError,
     BackendError,
     ChannelError,
     ConfigurationError,
@@ -79,6 +80,20 @@ for name, value in json.load(sys.stdin).items():
         f.write(value)
     os.replace(path + ".new", path)
 """
+
+
+#: What an egress audit event carries.
+_EGRESS_FIELDS = (
+    "host",
+    "port",
+    "address",
+    "reason",
+    "detail",
+    "method",
+    "bytes_up",
+    "bytes_down",
+    "duration",
+)
 
 
 def with_profile(fn: _F) -> _F:
@@ -218,6 +233,7 @@ class Sandbox:
                     "network": config.network.mode.value,
                 },
             )
+            self._watch_egress()
         except BaseException:
             channel: Channel | None = self._channel  # set by _connect() if it got that far
             if channel is not None:
@@ -259,6 +275,45 @@ class Sandbox:
         except ChannelError as exc:
             raise ChannelError(f"{exc}. Does the image {self.config.image!r} have python3?") from None
         return self._channel
+
+    # -- egress ------------------------------------------------------------------
+
+    def _watch_egress(self) -> None:
+        """Turn the egress proxy's reports into audit events (allowlist sandboxes)."""
+        log = self._handle.info.get("egress")
+        self._egress_failure: BaseException | None = None
+        self._stop_egress: Callable[[], None] | None = None
+        if log is not None and hasattr(log, "subscribe"):
+            self._stop_egress = log.subscribe(self._on_egress)
+
+    def _on_egress(self, event: dict[str, Any]) -> None:
+        kind = EventType.EGRESS_ALLOWED if event.get("type") == "egress.allowed" else EventType.EGRESS_DENIED
+        data = {k: event.get(k) for k in _EGRESS_FIELDS}
+        try:
+            # The sandbox's own doing, reported by its proxy: actor "sandbox".
+            self._guard.emit(kind, data, actor="sandbox")
+        except Exception as exc:
+            # Called from the proxy's reader thread, where nobody would see it:
+            # the next call on this sandbox raises it instead (fail loud).
+            self._egress_failure = exc
+
+    def network_log(self) -> list[dict[str, Any]]:
+        """Every connection the sandbox tried through its egress proxy, oldest first.
+
+        One dict per connection, allowed or refused: ``type``
+        (``egress.allowed``/``egress.denied``), ``host``, ``port``,
+        ``address`` (the resolved address the proxy checked), ``reason``,
+        ``detail``, ``method``, ``bytes_up``, ``bytes_down``, ``duration``
+        and ``time``; the most recent 1000 are kept.  Empty for a sandbox
+        without an allowlist.  Host names and details are redacted (code
+        can put a secret in a name it asks for).  docs/egress.md.
+
+        .. versionadded:: 0.4.0
+        """
+        log = self._handle.info.get("egress")
+        if log is None or not hasattr(log, "log"):
+            return []
+        return [self._guard.redact_data(entry) for entry in log.log()]
 
     def _internal_python(self, code: str, stdin: bytes | None = None, timeout: float = 30.0) -> bytes:
         """Run our own Python program in the sandbox; return its stdout.
@@ -325,6 +380,12 @@ class Sandbox:
     def _ch(self) -> Channel:
         if self._destroyed:
             raise SandboxDestroyedError(f"sandbox {self.id} was destroyed")
+        failure = getattr(self, "_egress_failure", None)
+        if failure is not None:
+            self._egress_failure = None
+            raise AuditError(
+                f"an egress event of sandbox {self.id} could not be recorded: {failure}"
+            ) from failure
         ch = self._channel
         if ch is not None and ch.alive:
             return ch
@@ -865,6 +926,9 @@ class Sandbox:
             if self._channel is not None:
                 self._channel.close("sandbox destroyed")
             self._backend.destroy(self._handle)
+            stop = getattr(self, "_stop_egress", None)
+            if stop is not None:
+                stop()  # the proxy's last reports came in while it was removed
         self._guard.emit(EventType.SANDBOX_DESTROYED, {})
 
     close = destroy

@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from agentnest import NetworkPolicy, Sandbox, SecurityPolicy
+from agentnest import MemoryObserver, NetworkPolicy, Sandbox, Secret, SecurityPolicy
+from agentnest.approvals import ApprovalRequest
 from agentnest.runtime.docker import labels
 from agentnest.runtime.docker.backend import DockerBackend, DockerSpec
 from agentnest.runtime.docker.prune import prune
@@ -287,10 +288,7 @@ def sandbox(backend: DockerBackend, server: dict[str, Any], certs: Path) -> Iter
 
 
 def events(sb: Sandbox) -> list[dict[str, Any]]:
-    network_log = getattr(sb, "network_log", None)
-    if callable(network_log):
-        return list(network_log())
-    return list(sb._handle.info["egress"].log())
+    return sb.network_log()
 
 
 def wait_events(sb: Sandbox, count: int, within: float = 10.0) -> list[dict[str, Any]]:
@@ -339,6 +337,46 @@ def test_allowed_domains_work_through_the_proxy(sandbox: Sandbox, server: dict[s
     ]
     assert all(e["bytes_up"] > 0 and e["bytes_down"] > 0 and e["duration"] >= 0 for e in new)
     assert all(e["sandbox"] == sandbox.id for e in new)
+
+
+def test_connections_are_audit_events_approved_and_redacted(
+    backend: DockerBackend, server: dict[str, Any], certs: Path
+) -> None:
+    secret = "tok-" + "7f3a9c1e5b"
+    obs = MemoryObserver()
+    asked: list[str] = []
+
+    def approve(request: ApprovalRequest) -> bool:
+        asked.append(request.kind)
+        return True
+
+    with Sandbox(
+        backend=backend,
+        security_policy=allowlist(server),
+        timeout=300,
+        observers=[obs],
+        approval_hook=approve,
+        environment={"TOKEN": Secret(secret)},
+    ) as sb:
+        assert asked[0] == "network"  # asked before the sandbox existed
+        sb.write_file("fetch.py", FETCH)
+        sb.write_file("ca.pem", (certs / "cert.pem").read_bytes())
+        # The secret as a host name: refused, and never shown verbatim.
+        out = fetch(sb, ["http://files.allowed.test:8080/ok", f"http://{secret}.refused.test:8080/x"])
+        assert out[0] == [200, "hello files.allowed.test:8080"] and out[1][0] == 403
+        logged = wait_events(sb, 2)
+        assert [e["type"] for e in logged] == ["egress.allowed", "egress.denied"]
+        assert all(secret not in json.dumps(e) for e in logged)
+        assert "[REDACTED]" in logged[1]["host"]
+        egress = [e for e in obs.events if e.type.value.startswith("egress.")]
+        assert [(e.type.value, e.actor) for e in egress] == [
+            ("egress.allowed", "sandbox"),
+            ("egress.denied", "sandbox"),
+        ]
+        assert egress[0].data["host"] == "files.allowed.test" and egress[0].data["bytes_down"] > 0
+        assert secret not in repr(egress[1].data)
+    types = [e.type.value for e in obs.events]
+    assert types.index("sandbox.destroyed") == len(types) - 1  # no egress event after destroy
 
 
 def test_pip_install_from_an_allowed_local_index(sandbox: Sandbox) -> None:
