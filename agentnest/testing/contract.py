@@ -98,13 +98,22 @@ class BackendContract:
         with pytest.raises(SandboxDestroyedError):
             sb.exec_shell("true")
 
-    def test_unenforceable_network_fails_closed(self, backend: RuntimeBackend, image: str) -> None:
+    def test_network_modes_are_enforced_or_refused(self, backend: RuntimeBackend, image: str) -> None:
+        """A mode the backend declares works; one it does not declare refuses the sandbox."""
         caps = backend.capabilities()
-        if Capability.EGRESS_DOMAINS in caps:
-            pytest.skip("backend enforces allowlists")
         policy = SecurityPolicy(network=NetworkPolicy.allowlist(domains=("pkgs.example.com",)))
-        with pytest.raises(UnsupportedCapabilityError):
-            Sandbox(image, timeout=60, backend=backend, security_policy=policy)
+        if Capability.EGRESS_DOMAINS not in caps:
+            with pytest.raises(UnsupportedCapabilityError):
+                Sandbox(image, timeout=60, backend=backend, security_policy=policy)
+            return
+        with Sandbox(image, timeout=60, backend=backend, security_policy=policy) as sb:
+            # The only way out is the proxy the backend set up; nothing has been asked of it yet.
+            proxy = sb.exec_python("import os; print(os.environ.get('HTTPS_PROXY', ''))").stdout.strip()
+            assert proxy.startswith("http://"), proxy
+            assert sb.network_log() == []
+        if Capability.NETWORK_OPEN not in caps:
+            with pytest.raises(UnsupportedCapabilityError):
+                Sandbox(image, timeout=60, backend=backend, network_enabled=True)
 
     def test_bad_limits_refused_before_create(self, backend: RuntimeBackend, image: str) -> None:
         calls: list[Any] = []
