@@ -18,7 +18,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import ChannelError, FileAccessError, SessionLostError
@@ -381,69 +381,75 @@ class Channel:
         finally:
             self._unregister(p)
 
-    def read_file(self, path: str, max_bytes: int, deadline: float | None) -> bytes:
+    def _collect(
+        self,
+        header: dict[str, Any],
+        take: Callable[[bytes], None],
+        max_bytes: int,
+        deadline: float | None,
+        what: str,
+        path: str,
+    ) -> dict[str, Any]:
+        """Send a request answered by ``data`` frames and a ``done``; feed each body to ``take``.
+
+        Returns the ``done`` header, with ``received`` (bytes in all) added.
+        More than ``max_bytes`` in all closes the channel: the agent is not trusted.
+        """
         p = self._register()
-        chunks: list[bytes] = []
         total = 0
         try:
-            self.send({"t": "read", "id": p.rid, "path": path, "max_bytes": max_bytes})
+            header["id"] = p.rid
+            self.send(header)
             while True:
-                header, body = self._get(p, deadline, f"the contents of {path!r}")
-                kind = header["t"]
+                reply, body = self._get(p, deadline, what)
+                kind = reply["t"]
                 if kind == "data":
                     total += len(body)
                     if total > max_bytes:
-                        self.close("the agent sent more file data than allowed")
-                        raise ChannelError(f"the agent sent more than {max_bytes} bytes for {path!r}")
-                    chunks.append(body)
+                        self.close(f"the agent sent more than allowed for {what}")
+                        raise ChannelError(f"the agent sent more than {max_bytes} bytes for {what}")
+                    take(body)
                 elif kind == "done":
-                    if header.get("size") != total:
-                        raise ChannelError(f"the agent's size for {path!r} does not match its data")
-                    return b"".join(chunks)
+                    done = dict(reply)
+                    done["received"] = total
+                    return done
                 else:
-                    _raise_if_error(header, path)
-                    raise ChannelError(f"unexpected {kind!r:.30} frame while reading {path!r}")
+                    _raise_if_error(reply, path)
+                    raise ChannelError(f"unexpected {kind!r:.30} frame for {what}")
         finally:
             self._unregister(p)
+
+    def read_file(self, path: str, max_bytes: int, deadline: float | None) -> bytes:
+        request = {"t": "read", "path": path, "max_bytes": max_bytes}
+        chunks: list[bytes] = []
+        done = self._collect(request, chunks.append, max_bytes, deadline, f"the contents of {path!r}", path)
+        if done.get("size") != done["received"]:
+            raise ChannelError(f"the agent's size for {path!r} does not match its data")
+        return b"".join(chunks)
 
     def list_entries(
         self, path: str, recursive: bool, max_entries: int, deadline: float | None
     ) -> tuple[list[Any], bool]:
         """A directory listing: raw entries (validated by the caller) and whether it was cut."""
-        p = self._register()
         entries: list[Any] = []
+
+        def add(body: bytes) -> None:
+            try:
+                entries.extend(json.loads(line) for line in body.splitlines() if line)
+            except ValueError:
+                self.close("the agent sent a malformed listing")
+                raise ChannelError("the agent sent a malformed listing") from None
+            if len(entries) > max_entries:
+                self.close("the agent sent more entries than asked for")
+                raise ChannelError(f"the agent sent more than {max_entries} entries")
+
+        request = {"t": "list", "path": path, "recursive": recursive, "max_entries": max_entries}
         # An entry is a path (at most a few KiB) and four numbers.
-        max_bytes = max_entries * 8192
-        total = 0
-        try:
-            self.send(
-                {"t": "list", "id": p.rid, "path": path, "recursive": recursive, "max_entries": max_entries}
-            )
-            while True:
-                header, body = self._get(p, deadline, f"the listing of {path or '.'!r}")
-                kind = header["t"]
-                if kind == "data":
-                    total += len(body)
-                    if total > max_bytes:
-                        self.close("the agent sent a listing larger than allowed")
-                        raise ChannelError(f"the agent sent more than {max_bytes} bytes of listing")
-                    try:
-                        entries.extend(json.loads(line) for line in body.splitlines() if line)
-                    except ValueError:
-                        self.close("the agent sent a malformed listing")
-                        raise ChannelError("the agent sent a malformed listing") from None
-                    if len(entries) > max_entries:
-                        self.close("the agent sent more entries than asked for")
-                        raise ChannelError(f"the agent sent more than {max_entries} entries")
-                elif kind == "done":
-                    if header.get("count") != len(entries) or not isinstance(header.get("truncated"), bool):
-                        raise ChannelError("the agent's listing count does not match its entries")
-                    return entries, bool(header["truncated"])
-                else:
-                    _raise_if_error(header, path)
-                    raise ChannelError(f"unexpected {kind!r:.30} frame while listing {path!r}")
-        finally:
-            self._unregister(p)
+        what = f"the listing of {path or '.'!r}"
+        done = self._collect(request, add, max_entries * 8192, deadline, what, path)
+        if done.get("count") != len(entries) or not isinstance(done.get("truncated"), bool):
+            raise ChannelError("the agent's listing count does not match its entries")
+        return entries, bool(done["truncated"])
 
 
 def _raise_if_error(header: Header, path: str | None) -> None:
