@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,73 +29,19 @@ from agentnest import (
     SandboxDestroyedError,
     SecurityPolicy,
 )
-from agentnest.channel.streams import ByteStream
 from agentnest.cli import main
 from agentnest.cli.mcp import check_host, settings_from_args
-from agentnest.config import SandboxConfig
 from agentnest.mcp import (
     MAX_TEXT_CHARS,
     SandboxService,
     ServerSettings,
     build_server,
 )
-from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
-from agentnest.testing.process import LocalAgent
+from agentnest.testing.process import LocalBackend
 
 pytestmark = pytest.mark.timeout(120)
 
 IMAGE = "local-image"
-
-
-class LocalBackend(RuntimeBackend):
-    """Sandboxes that are directories with a local agent in them (tests only: isolates nothing)."""
-
-    name = "local-mcp"
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.agents: dict[str, list[LocalAgent]] = {}
-        self.created: list[str] = []
-        self.destroyed: list[str] = []
-        self._lock = threading.Lock()
-
-    def capabilities(self) -> frozenset[Capability]:
-        return frozenset(
-            {
-                Capability.NETWORK_DENIED,
-                Capability.RESOURCE_LIMITS,
-                Capability.READ_ONLY_ROOT,
-                Capability.FORK,
-                Capability.SNAPSHOT,
-            }
-        )
-
-    def create(self, config: SandboxConfig) -> SandboxHandle:
-        sid = uuid.uuid4().hex[:12]
-        (self.root / sid).mkdir()
-        with self._lock:
-            self.created.append(sid)
-        return SandboxHandle(
-            sid, self.name, time.time() + config.lifetime, {"workspace": str(self.root / sid)}
-        )
-
-    def open_channel(self, handle: SandboxHandle) -> ByteStream:
-        agent = LocalAgent(handle.info["workspace"])
-        with self._lock:
-            self.agents.setdefault(handle.id, []).append(agent)
-        return agent.stream
-
-    def destroy(self, handle: SandboxHandle) -> None:
-        with self._lock:
-            agents = self.agents.pop(handle.id, [])
-            if handle.id not in self.destroyed:
-                self.destroyed.append(handle.id)
-        for agent in agents:
-            agent.kill()
-
-    def live(self) -> set[str]:
-        with self._lock:
-            return set(self.agents)
 
 
 @pytest.fixture

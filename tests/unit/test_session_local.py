@@ -18,7 +18,6 @@ import socket
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,13 +54,11 @@ from agentnest.channel.protocol import (
     parse_session_ran,
     parse_value,
 )
-from agentnest.channel.streams import ByteStream, SocketStream
-from agentnest.config import SandboxConfig
+from agentnest.channel.streams import SocketStream
 from agentnest.errors import ChannelError
 from agentnest.guard import ApprovalRequest
 from agentnest.runtime import bootstrap
-from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
-from agentnest.testing.process import LocalAgent
+from agentnest.testing.process import LocalAgent, LocalBackend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -86,34 +83,6 @@ def wait_until(predicate: Callable[[], bool], within: float = WAIT, what: str = 
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what} did not happen within {within}s")
         time.sleep(0.01)
-
-
-class LocalBackend(RuntimeBackend):
-    """Sandboxes that are temporary directories with a local agent in them (tests only)."""
-
-    name = "local-test"
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.agents: dict[str, list[LocalAgent]] = {}
-
-    def capabilities(self) -> frozenset[Capability]:
-        return frozenset({Capability.NETWORK_DENIED, Capability.RESOURCE_LIMITS, Capability.READ_ONLY_ROOT})
-
-    def create(self, config: SandboxConfig) -> SandboxHandle:
-        sid = uuid.uuid4().hex[:10]
-        workspace = self.root / sid
-        workspace.mkdir()
-        return SandboxHandle(sid, self.name, time.time() + config.lifetime, {"workspace": str(workspace)})
-
-    def open_channel(self, handle: SandboxHandle) -> ByteStream:
-        agent = LocalAgent(handle.info["workspace"])
-        self.agents.setdefault(handle.id, []).append(agent)
-        return agent.stream
-
-    def destroy(self, handle: SandboxHandle) -> None:
-        for agent in self.agents.pop(handle.id, []):
-            agent.kill()
 
 
 class Box:

@@ -27,7 +27,6 @@ import subprocess
 import tarfile
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,11 +48,9 @@ from agentnest import (
     UnsupportedCapabilityError,
     state,
 )
-from agentnest.channel.streams import ByteStream
-from agentnest.config import SandboxConfig
 from agentnest.guard import ApprovalRequest
-from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
-from agentnest.testing.process import LocalAgent
+from agentnest.runtime.base import Capability
+from agentnest.testing.process import LocalBackend
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -615,55 +612,6 @@ def test_read_only_directories_restore_and_swap(tmp_path: Path, request: pytest.
 
 
 # -- whole flows through Sandbox on a local backend -------------------------------------
-
-
-class LocalBackend(RuntimeBackend):
-    """Sandboxes that are directories with a local agent in them (tests only)."""
-
-    name = "local-state"
-
-    def __init__(self, root: Path, caps: frozenset[Capability] | None = None) -> None:
-        self.root = root
-        self.caps = (
-            caps
-            if caps is not None
-            else frozenset(
-                {
-                    Capability.NETWORK_DENIED,
-                    Capability.RESOURCE_LIMITS,
-                    Capability.READ_ONLY_ROOT,
-                    Capability.FORK,
-                    Capability.SNAPSHOT,
-                }
-            )
-        )
-        self.agents: dict[str, list[LocalAgent]] = {}
-        self.created: list[str] = []
-        self._lock = threading.Lock()
-
-    def capabilities(self) -> frozenset[Capability]:
-        return self.caps
-
-    def create(self, config: SandboxConfig) -> SandboxHandle:
-        sid = uuid.uuid4().hex[:10]
-        (self.root / sid).mkdir()
-        with self._lock:
-            self.created.append(sid)
-        return SandboxHandle(
-            sid, self.name, time.time() + config.lifetime, {"workspace": str(self.root / sid)}
-        )
-
-    def open_channel(self, handle: SandboxHandle) -> ByteStream:
-        agent = LocalAgent(handle.info["workspace"])
-        with self._lock:
-            self.agents.setdefault(handle.id, []).append(agent)
-        return agent.stream
-
-    def destroy(self, handle: SandboxHandle) -> None:
-        with self._lock:
-            agents = self.agents.pop(handle.id, [])
-        for agent in agents:
-            agent.kill()
 
 
 class Env:
