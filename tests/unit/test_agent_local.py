@@ -12,7 +12,6 @@ import fcntl
 import os
 import platform
 import signal
-import socket
 import stat
 import struct
 import subprocess
@@ -31,9 +30,9 @@ from agentnest.agent.wire import PROTOCOL_VERSION, Decoder, encode
 from agentnest.channel import client
 from agentnest.channel.client import Channel, ExecHandle
 from agentnest.channel.protocol import HOST_MAX_BODY, RawExit
-from agentnest.channel.streams import SocketStream
 from agentnest.errors import ChannelError, FileAccessError
 from agentnest.runtime import bootstrap
+from agentnest.testing.peer import Peer
 from agentnest.testing.process import LocalAgent
 
 pytestmark = pytest.mark.timeout(60)
@@ -850,45 +849,6 @@ def test_agent_exits_when_the_host_goes_away(agent: Agent) -> None:
 
 
 # -- a hostile peer ------------------------------------------------------------------------
-
-
-class Peer:
-    """The far end of a socketpair, playing a (misbehaving) agent by hand."""
-
-    def __init__(self) -> None:
-        host, self.sock = socket.socketpair()
-        self.sock.settimeout(WAIT)
-        self.stream = SocketStream(host)
-        self.decoder = Decoder(max_body_bytes=64 * 1024 * 1024)
-        self.frames: list[tuple[dict[str, Any], bytes]] = []
-
-    def send(self, header: dict[str, Any], body: bytes = b"") -> None:
-        self.sock.sendall(encode(header, body))
-
-    def hello(self, **changes: Any) -> None:
-        header = {
-            "t": "hello",
-            "v": PROTOCOL_VERSION,
-            "agent": "9.9.9",
-            "pid": 4242,
-            "uid": 1000,
-            "python": "3.11.0",
-            "caps": ["exec", "files"],
-        }
-        header.update(changes)
-        self.send(header)
-
-    def receive(self) -> tuple[dict[str, Any], bytes]:
-        while not self.frames:
-            data = self.sock.recv(1 << 20)
-            assert data, "the host closed the channel"
-            self.decoder.feed(data)
-            self.frames.extend(self.decoder.frames())
-        return self.frames.pop(0)
-
-    def close(self) -> None:
-        self.sock.close()
-        self.stream.close()
 
 
 @pytest.fixture

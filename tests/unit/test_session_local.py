@@ -14,7 +14,6 @@ import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -40,7 +39,6 @@ from agentnest import (
 )
 from agentnest.agent import interpreter
 from agentnest.agent.interpreter import RESULT_LIMIT, bounded_repr, clip
-from agentnest.agent.wire import PROTOCOL_VERSION, Decoder, encode
 from agentnest.channel import client
 from agentnest.channel.client import Channel
 from agentnest.channel.protocol import (
@@ -54,10 +52,10 @@ from agentnest.channel.protocol import (
     parse_session_ran,
     parse_value,
 )
-from agentnest.channel.streams import SocketStream
 from agentnest.errors import ChannelError
 from agentnest.guard import ApprovalRequest
 from agentnest.runtime import bootstrap
+from agentnest.testing.peer import Peer as BasePeer
 from agentnest.testing.process import LocalAgent, LocalBackend
 
 pytestmark = pytest.mark.timeout(60)
@@ -819,29 +817,13 @@ def test_parse_helpers() -> None:
         parse_value({"t": "value", "name": "result"}, b"x" * (MAX_SESSION_VALUE + 1))
 
 
-class Peer:
-    """The far end of a socketpair, playing a (misbehaving) agent by hand."""
+class Peer(BasePeer):
+    """A hand-played agent that has said hello with the session capability."""
 
     def __init__(self) -> None:
-        host, self.sock = socket.socketpair()
-        self.sock.settimeout(WAIT)
-        self.stream = SocketStream(host)
-        self.decoder = Decoder(max_body_bytes=64 * 1024 * 1024)
-        self.frames: list[tuple[dict[str, Any], bytes]] = []
-        hello = {"t": "hello", "v": PROTOCOL_VERSION, "agent": "9", "pid": 42, "uid": 1000, "python": "3"}
-        self.send({**hello, "caps": ["exec", "session"]})
+        super().__init__(WAIT)
+        self.hello(agent="9", pid=42, python="3", caps=["exec", "session"])
         self.channel = Channel.connect(self.stream, None, timeout=5)
-
-    def send(self, header: dict[str, Any], body: bytes = b"") -> None:
-        self.sock.sendall(encode(header, body))
-
-    def receive(self) -> tuple[dict[str, Any], bytes]:
-        while not self.frames:
-            data = self.sock.recv(1 << 20)
-            assert data, "the host closed the channel"
-            self.decoder.feed(data)
-            self.frames.extend(self.decoder.frames())
-        return self.frames.pop(0)
 
     def run(self, *frames: tuple[dict[str, Any], bytes], max_output: int = 1 << 20) -> list[Any]:
         """Start a run, answer it with ``frames`` (id filled in); return the host's events."""
@@ -854,10 +836,6 @@ class Peer:
         while handle.result is None:
             events.append(handle.next_event(time.monotonic() + WAIT))
         return events
-
-    def close(self) -> None:
-        self.sock.close()
-        self.stream.close()
 
 
 @pytest.fixture
