@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TextIO, TypeAlias
+from typing import TYPE_CHECKING, TextIO, TypeAlias
 
+from ..errors import ConfigurationError
 from ..verify import human_bytes
+
+if TYPE_CHECKING:
+    from ..profiles import Profile
 
 #: What ``ArgumentParser.add_subparsers`` returns (a private class, hence the alias).
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -24,6 +28,33 @@ def add_command(
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def add_profile_options(parser: argparse.ArgumentParser, what: str = "take settings and policy") -> None:
+    """``--profile NAME`` and ``--profile-file PATH``; read them with :func:`profile_from_args`."""
+    parser.add_argument("--profile", metavar="NAME", help=f"{what} from this profile of agentnest.yaml")
+    parser.add_argument(
+        "--profile-file",
+        metavar="PATH",
+        help="the profile file (default: $AGENTNEST_PROFILE_FILE, ./agentnest.yaml)",
+    )
+
+
+def profile_from_args(args: argparse.Namespace) -> Profile | None:
+    """The profile ``--profile`` names (``None`` without it); errors name the fix."""
+    from ..profiles import find_profile_file, load_profiles
+
+    if args.profile_file and not args.profile:
+        raise ConfigurationError("--profile-file needs --profile NAME")
+    if not args.profile:
+        return None
+    path = find_profile_file(args.profile_file)
+    if path is None:
+        raise ConfigurationError(
+            f"--profile {args.profile}: no profile file; pass --profile-file, set "
+            "$AGENTNEST_PROFILE_FILE or create agentnest.yaml here"
+        )
+    return load_profiles(path).get(args.profile)
 
 
 def positive_float(text: str) -> float:
@@ -71,4 +102,14 @@ def error(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
 
 
-__all__ = ["Commands", "add_command", "error", "human_bytes", "mark", "positive_float", "table"]
+__all__ = [
+    "Commands",
+    "add_command",
+    "add_profile_options",
+    "error",
+    "human_bytes",
+    "mark",
+    "positive_float",
+    "profile_from_args",
+    "table",
+]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
-from ._output import Commands, add_command, positive_float
+from ._output import Commands, add_command, add_profile_options, positive_float, profile_from_args
 
 _EPILOG = """\
 Tools: create_sandbox, exec_shell, exec_python, session_run, read_file,
@@ -47,12 +47,7 @@ def register(commands: Commands) -> None:
     parser.add_argument("--port", type=_port, default=8000, help="HTTP port (default 8000)")
     parser.add_argument("--backend", help="docker (runc) or gvisor (runsc), or a plug-in (default: docker)")
     parser.add_argument("--image", help="image of every sandbox (default: the profile's or the base image)")
-    parser.add_argument("--profile", metavar="NAME", help="settings and policy (the ceiling) from a profile")
-    parser.add_argument(
-        "--profile-file",
-        metavar="PATH",
-        help="the profile file (default: $AGENTNEST_PROFILE_FILE, ./agentnest.yaml)",
-    )
+    add_profile_options(parser, "settings and policy (the ceiling)")
     parser.add_argument(
         "--max-sandboxes", type=_count, default=8, metavar="N", help="live sandboxes at once (default 8)"
     )
@@ -124,22 +119,13 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     from ..audit import JsonLogObserver
     from ..mcp import DEFAULT_LIFETIME, ServerSettings
     from ..policy import SecurityPolicy
-    from ..profiles import find_profile_file, load_profiles
 
-    if args.profile_file and not args.profile:
-        raise ConfigurationError("--profile-file needs --profile NAME")
     kwargs: dict[str, Any] = {}
     policy = SecurityPolicy()
     backend = "docker"
     lifetime = DEFAULT_LIFETIME
-    if args.profile:
-        path = find_profile_file(args.profile_file)
-        if path is None:
-            raise ConfigurationError(
-                f"--profile {args.profile}: no profile file; pass --profile-file, set "
-                "$AGENTNEST_PROFILE_FILE or create agentnest.yaml here"
-            )
-        profile = load_profiles(path).get(args.profile)
+    profile = profile_from_args(args)
+    if profile is not None:
         kwargs = profile.sandbox_kwargs()
         policy = kwargs.pop("security_policy")
         backend = kwargs.pop("backend", backend)

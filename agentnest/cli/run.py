@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, ExecutionTimeoutError
 from ..policy import SecurityPolicy
-from ._output import Commands, add_command, positive_float
+from ._output import Commands, add_command, add_profile_options, positive_float, profile_from_args
 
 #: The exit code of a command killed by ``--timeout``, as coreutils ``timeout`` uses.
 TIMEOUT_EXIT = 124
@@ -81,12 +81,7 @@ def register(commands: Commands) -> None:
         action="store_true",
         help="check from inside that the policy holds before running (fail closed)",
     )
-    parser.add_argument("--profile", metavar="NAME", help="take settings and policy from this profile")
-    parser.add_argument(
-        "--profile-file",
-        metavar="PATH",
-        help="the profile file (default: $AGENTNEST_PROFILE_FILE, ./agentnest.yaml)",
-    )
+    add_profile_options(parser)
     parser.add_argument(
         "--approve",
         choices=("allow", "deny", "prompt"),
@@ -136,19 +131,11 @@ PROMPT_TIMEOUT = 300.0
 def sandbox_options(args: argparse.Namespace, timeout: float | None) -> dict[str, Any]:
     """``Sandbox`` arguments from the options given (a profile fills in the rest)."""
     from ..approvals import builtin
-    from ..profiles import find_profile_file, load_profiles
 
     options: dict[str, Any] = {}
-    if args.profile_file and not args.profile:
-        raise ConfigurationError("--profile-file needs --profile NAME")
-    if args.profile:
-        path = find_profile_file(args.profile_file)
-        if path is None:
-            raise ConfigurationError(
-                f"--profile {args.profile}: no profile file; pass --profile-file, set "
-                "$AGENTNEST_PROFILE_FILE or create agentnest.yaml here"
-            )
-        options["profile"] = load_profiles(path).get(args.profile)
+    profile = profile_from_args(args)
+    if profile is not None:
+        options["profile"] = profile
     lifetime: float | None = args.lifetime
     profile_lifetime = options["profile"].timeout if "profile" in options else None
     if lifetime is None and profile_lifetime is None:
