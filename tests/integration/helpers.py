@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,3 +100,19 @@ class Background:
         """Wait up to ``timeout`` seconds; True if the call has finished."""
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def spawn_host(code: str, *args: str) -> subprocess.Popen[str]:
+    """Run ``code`` as a separate host process (this checkout on its path), its stdout piped.
+
+    For crash tests: the test kills it and looks at what it left behind.
+    """
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+    )

@@ -4,13 +4,9 @@ sandbox code cannot forge one, and a host killed with SIGKILL leaves nothing beh
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +15,7 @@ from agentnest import BackendError, NetworkPolicy, PolicyDeniedError, Sandbox, S
 from agentnest.errors import ConfigurationError
 from agentnest.runtime.docker.prune import prune
 
-from .helpers import containers_of, wait_until_stopped
-
-REPO = Path(__file__).resolve().parents[2]
+from .helpers import containers_of, spawn_host, wait_until_stopped
 
 
 def wait_past(moment: float, sb: Sandbox) -> None:
@@ -124,12 +118,7 @@ CHILD = textwrap.dedent(
 
 
 def test_prune_leaves_nothing_after_the_host_is_killed(backend_name: str, docker_client: Any) -> None:
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    )
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, backend_name], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
-    )
+    child = spawn_host(CHILD, backend_name)
     ids: list[str] = []
     try:
         assert child.stdout is not None

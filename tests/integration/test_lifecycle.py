@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentnest import Sandbox, SandboxDestroyedError
 
-from .helpers import containers_of, wait_until_stopped
-
-REPO = Path(__file__).resolve().parents[2]
+from .helpers import containers_of, spawn_host, wait_until_stopped
 
 
 def test_context_manager_removes_the_container(backend_name: str, docker_client: Any) -> None:
@@ -77,12 +71,7 @@ CHILD = textwrap.dedent(
 
 
 def test_deadline_holds_after_the_host_process_is_killed(backend_name: str, docker_client: Any) -> None:
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    )
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, backend_name], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
-    )
+    child = spawn_host(CHILD, backend_name)
     sandbox_id = ""
     try:
         assert child.stdout is not None
