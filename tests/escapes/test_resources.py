@@ -120,7 +120,8 @@ def test_fork_bomb_is_held_to_the_pids_limit(small: Sandbox, backend_name: str, 
     assert 0 < peak <= ceiling
     if backend_name == "docker":
         assert peak >= 32, "the bomb should have reached the limit"
-    assert len([p for p in os.listdir("/proc") if p.isdigit()]) < host_before + 64
+    # Without the limit the bomb makes thousands; 200 allows for other work on the machine.
+    assert len([p for p in os.listdir("/proc") if p.isdigit()]) < host_before + 64 + 200
 
 
 def test_sandbox_survives_a_fork_bomb(
@@ -241,6 +242,13 @@ def docker_disk_used(docker_client: Any) -> int:
     return shutil.disk_usage(docker_client.info()["DockerRootDir"]).used
 
 
+def writable_layer_bytes(docker_client: Any, container: Any) -> int:
+    """What the container wrote to its image layer on the host's disk (``docker inspect --size``)."""
+    api = docker_client.api
+    found = api._result(api._get(api._url("/containers/{0}/json", container.id), params={"size": 1}), True)
+    return int(found.get("SizeRw") or 0)
+
+
 @pytest.mark.parametrize(
     ("place", "size"), [("/workspace", 128 * MiB), ("/tmp", 64 * MiB), ("/dev/shm", 64 * MiB)]
 )
@@ -251,8 +259,11 @@ def test_filling_a_writable_place_stops_at_its_size(
     found = run_json(small, FILL, f"{place}/fill.bin", timeout=120)
     assert found["errno"] == errno.ENOSPC
     assert size - 8 * MiB <= found["written"] <= size
-    # The data went to memory-backed tmpfs, not to the host's disk.
-    assert docker_disk_used(docker_client) - disk_before < size // 2
+    # The data went to memory-backed tmpfs, not to the host's disk: the
+    # container's own layer is empty, and the engine's disk did not grow by
+    # what was written (other work on the machine may move it a little).
+    assert writable_layer_bytes(docker_client, container_of(docker_client, small)) == 0
+    assert docker_disk_used(docker_client) - disk_before < found["written"]
     small.exec(["rm", "-f", f"{place}/fill.bin"]).check()
     assert alive(small)
 
@@ -305,7 +316,8 @@ def test_cpu_hog_is_held_to_its_share(small: Sandbox, docker_client: Any) -> Non
         time.sleep(3)  # the measurement itself: CPU time over a wall-clock interval
         used, wall = cpu_seconds(container) - used, time.monotonic() - wall
     share = used / wall
-    assert 0.2 <= share <= 0.5 * 1.3, f"the hog used {share:.2f} CPUs with cpus=0.5"
+    # At least a little (the hog ran; the machine may be busy), at most the share plus 30 %.
+    assert 0.1 <= share <= 0.5 * 1.3, f"the hog used {share:.2f} CPUs with cpus=0.5"
     assert alive(small)
 
 
