@@ -29,8 +29,8 @@ HERE = Path(__file__).parent
 
 #: nodeid -> (runtime, category) of every collected attempt.
 _ATTEMPTS: dict[str, tuple[str, str]] = {}
-#: (runtime, category, outcome) -> count; outcome is blocked, hole, failed or skipped.
-_OUTCOMES: Counter[tuple[str, str, str]] = Counter()
+#: nodeid -> outcome of every attempt that ran: blocked, hole, failed or skipped.
+_RESULTS: dict[str, str] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,8 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    key = _ATTEMPTS.get(report.nodeid)
-    if key is None:
+    if report.nodeid not in _ATTEMPTS:
         return
     outcome = None
     if hasattr(report, "wasxfail"):
@@ -69,8 +68,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         outcome = "failed"
     elif report.when == "setup" and report.skipped:
         outcome = "skipped"
-    if outcome is not None:
-        _OUTCOMES[(key[0], key[1], outcome)] += 1
+    # One outcome per attempt; an error in teardown still makes it a failure.
+    if outcome is not None and _RESULTS.get(report.nodeid) != "failed":
+        _RESULTS[report.nodeid] = outcome
 
 
 _OUTCOME_NAMES = ("blocked", "hole", "failed", "skipped")
@@ -82,8 +82,9 @@ def _row(runtime: str, category: str, counts: Counter[str] | dict[str, int]) -> 
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    if not _OUTCOMES:
+    if not _RESULTS:
         return
+    outcomes = Counter((*_ATTEMPTS[nodeid], outcome) for nodeid, outcome in _RESULTS.items())
     tr = terminalreporter
     tr.write_sep("=", "escape suite: attempts and blocked attempts per runtime")
     headers = ("attempts", "blocked", "holes", "failed", "skipped")
@@ -91,7 +92,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     for runtime in RUNTIMES.values():
         totals = Counter[str]()
         for category in CATEGORIES:
-            row = {o: _OUTCOMES[(runtime, category, o)] for o in _OUTCOME_NAMES}
+            row = {o: outcomes[(runtime, category, o)] for o in _OUTCOME_NAMES}
             if sum(row.values()):
                 totals.update(row)
                 tr.write_line(_row(runtime, category, row))
