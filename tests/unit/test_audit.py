@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,11 @@ def test_opentelemetry_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch) 
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_otel)
+    # An earlier test may have imported it already: hide the cached modules too.
+    for name in [m for m in sys.modules if m == "opentelemetry" or m.startswith("opentelemetry.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    monkeypatch.setitem(sys.modules, "opentelemetry.trace", None)
     with pytest.raises(MissingDependencyError, match=r"agentnest\[observability\]") as info:
         OpenTelemetryObserver()
     assert isinstance(info.value, ImportError)
