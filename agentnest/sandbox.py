@@ -153,7 +153,7 @@ class Sandbox:
         verify: check from inside, before handing the sandbox out, that the
             policy holds (user, capabilities, seccomp, read-only root,
             network, limits); a sandbox that fails is destroyed and
-            :class:`VerificationError` raised.  Costs one probe (~10 ms on runc).
+            :class:`VerificationError` raised.  Costs one probe (a Python start inside).
         profile: a profile name (looked up in ``agentnest.yaml``, see
             docs/profiles.md) or a :class:`Profile`; arguments passed
             explicitly override the profile's.
