@@ -1,0 +1,597 @@
+"""Git workspace helpers: clone, status, diff and run tests inside a sandbox.
+
+Git runs *in the sandbox* (the image needs ``git``: build one with
+``Template(apt_packages=("git",))``), under the sandbox's policy: every
+command is an ``exec`` the approval hook sees and an audit event records, and
+the sandbox's network policy decides which remotes are reachable.
+
+Credentials are only ever a :class:`~agentnest.Secret`, and they never
+appear in a command line (``/proc/*/cmdline``), in the environment of any
+process, in an event or in the repository's configuration:
+
+* the value goes to the sandbox on the **stdin** of a small wrapper program;
+* the wrapper writes it to a file in a fresh private directory on the
+  scratch tmpfs (``/tmp``, mode 0700; the file 0400), points ``GIT_ASKPASS``
+  at a script that prints that file, disables credential helpers (so nothing
+  stores it) and terminal prompts, runs ``git clone``, and removes the
+  directory when git exits, whatever happened;
+* the sandbox's guard redacts the value (and its encoded forms) from
+  everything returned or recorded for the rest of the sandbox's life, so a
+  remote that echoes it back is caught too.
+
+Example::
+
+    from agentnest import Sandbox, Secret, SecurityPolicy, NetworkPolicy, Template
+    from agentnest.git import GitWorkspace
+
+    image = Template(apt_packages=("git",)).build()
+    policy = SecurityPolicy(network=NetworkPolicy.allowlist(domains=("github.com",)))
+    with Sandbox(image, security_policy=policy, timeout=1800) as sandbox:
+        repo = GitWorkspace(sandbox)
+        repo.clone("https://github.com/org/private.git", depth=1, credentials=Secret(token))
+        sandbox.write_file("repo/fix.py", "...")
+        print(repo.status().entries)            # (StatusEntry(path='fix.py', ..., untracked=True),)
+        print(repo.diff().text)
+        print(repo.run_tests("python3 -m pytest -q").summary)   # {'passed': 12, 'failed': 0}
+
+.. versionadded:: 0.4.0
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .config import ExecutionResult
+from .errors import ConfigurationError, ExecutionError, ExecutionTimeoutError
+from .secrets import Secret
+
+if TYPE_CHECKING:
+    from .sandbox import Sandbox
+
+__all__ = [
+    "CloneResult",
+    "DiffFile",
+    "GitDiff",
+    "GitError",
+    "GitStatus",
+    "GitWorkspace",
+    "StatusEntry",
+    "TestRun",
+]
+
+#: Default seconds for a clone (a network operation) and for other git commands.
+CLONE_TIMEOUT = 600.0
+GIT_TIMEOUT = 120.0
+#: Default seconds a test run may take.
+TEST_TIMEOUT = 1800.0
+
+#: Options every git command gets: no pager, no colours, no prompts for
+#: anything, and paths printed as they are.
+_GIT = ["git", "-c", "core.pager=cat", "-c", "color.ui=false", "-c", "core.quotepath=false"]
+_GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
+
+#: Runs ``git clone`` with credentials read from stdin (never argv or env).
+#: argv: python3 -c THIS <git argv...>; stdin: {"username": ..., "password": ...}.
+_CLONE_WITH_CREDENTIALS = r"""
+import json, os, shutil, subprocess, sys, tempfile
+cred = json.loads(sys.stdin.read())
+os.umask(0o077)
+home = tempfile.mkdtemp(prefix=".agentnest-git-", dir="/tmp")
+try:
+    for name in ("username", "password"):
+        fd = os.open(os.path.join(home, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+        with os.fdopen(fd, "w") as f:
+            f.write(cred[name])
+    del cred
+    askpass = os.path.join(home, "askpass")
+    fd = os.open(askpass, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+    with os.fdopen(fd, "w") as f:
+        f.write('#!/bin/sh\ncase "$1" in\n  Username*) exec cat "%s/username" ;;\n'
+                '  *) exec cat "%s/password" ;;\nesac\n' % (home, home))
+    env = dict(os.environ, GIT_ASKPASS=askpass, SSH_ASKPASS=askpass, GIT_TERMINAL_PROMPT="0")
+    sys.stdout.flush()
+    code = subprocess.call(sys.argv[1:], env=env, stdin=subprocess.DEVNULL)
+finally:
+    shutil.rmtree(home, ignore_errors=True)
+sys.exit(code)
+"""
+
+_REF = re.compile(r"^[A-Za-z0-9._/@{}~^:+-]+$")
+
+
+class GitError(ExecutionError):
+    """A git command failed; ``.result`` is its :class:`~agentnest.ExecutionResult`.
+
+    .. versionadded:: 0.4.0
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class CloneResult:
+    """What :meth:`GitWorkspace.clone` did.
+
+    .. versionadded:: 0.4.0
+    """
+
+    path: str
+    """The repository's directory, relative to the workspace."""
+    head: str
+    """The checked-out commit (full hex id)."""
+    branch: str | None
+    """The checked-out branch (None for a detached HEAD)."""
+    output: str
+    """git's progress output (redacted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StatusEntry:
+    """One changed path of ``git status`` (porcelain v2).
+
+    ``index`` and ``worktree`` are git's status letters (``M`` modified,
+    ``A`` added, ``D`` deleted, ``R`` renamed, ``C`` copied, ``U`` unmerged,
+    ``.`` unchanged; ``?`` for untracked files).
+
+    .. versionadded:: 0.4.0
+    """
+
+    path: str
+    index: str
+    worktree: str
+    original_path: str | None = None
+    """The path before a rename or copy."""
+
+    @property
+    def untracked(self) -> bool:
+        return self.index == "?"
+
+    @property
+    def staged(self) -> bool:
+        return self.index not in (".", "?")
+
+    @property
+    def conflicted(self) -> bool:
+        return self.index == "U" or self.worktree == "U"
+
+
+@dataclass(frozen=True, slots=True)
+class GitStatus:
+    """``git status`` of a repository, parsed.
+
+    .. versionadded:: 0.4.0
+    """
+
+    branch: str | None
+    """The current branch (None for a detached HEAD)."""
+    head: str | None
+    """The current commit (None in a repository without commits)."""
+    upstream: str | None = None
+    ahead: int = 0
+    behind: int = 0
+    entries: tuple[StatusEntry, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        """No staged, unstaged or untracked changes."""
+        return not self.entries
+
+
+@dataclass(frozen=True, slots=True)
+class DiffFile:
+    """One file of a diff, with its line counts (None for binary files).
+
+    .. versionadded:: 0.4.0
+    """
+
+    path: str
+    added: int | None
+    deleted: int | None
+    original_path: str | None = None
+
+    @property
+    def binary(self) -> bool:
+        return self.added is None
+
+
+@dataclass(frozen=True, slots=True)
+class GitDiff:
+    """A diff: the patch text and the files it touches.
+
+    .. versionadded:: 0.4.0
+    """
+
+    text: str
+    """The unified diff (redacted; cut at the policy's ``max_output_bytes``)."""
+    files: tuple[DiffFile, ...] = ()
+    truncated: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not self.files
+
+
+@dataclass(frozen=True, slots=True)
+class TestRun:
+    """The outcome of :meth:`GitWorkspace.run_tests`.
+
+    ``summary`` holds the counts found in the output of pytest
+    (``3 passed, 1 failed``) or unittest (``Ran 4 tests`` ... ``FAILED
+    (failures=1)``); it is empty when neither format was recognised.
+
+    .. versionadded:: 0.4.0
+    """
+
+    __test__ = False  # not a pytest test class, whatever its name says
+
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+    timed_out: bool = False
+    truncated: bool = False
+    summary: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """The command exited 0 within its timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+class GitWorkspace:
+    """Git operations on one repository directory in a sandbox's workspace.
+
+    Args:
+        sandbox: the :class:`~agentnest.Sandbox`; its image must have ``git``.
+        path: the repository's directory, relative to the workspace
+            (``"."`` for the workspace itself).  :meth:`clone` with ``dest``
+            moves the helper to the new clone.
+
+    Every method runs git in the sandbox through the public API (``exec``),
+    so the approval hook, the audit events and redaction all apply; a
+    failing git command raises :class:`GitError` with the result attached.
+
+    .. versionadded:: 0.4.0
+    """
+
+    def __init__(self, sandbox: Sandbox, path: str = "repo") -> None:
+        self.sandbox = sandbox
+        self.path = _relative(path, "path")
+
+    # -- clone ------------------------------------------------------------------------
+
+    def clone(
+        self,
+        url: str,
+        *,
+        branch: str | None = None,
+        depth: int | None = None,
+        credentials: Secret | None = None,
+        username: str = "x-access-token",
+        dest: str | None = None,
+        timeout: float = CLONE_TIMEOUT,
+    ) -> CloneResult:
+        """Clone ``url`` into ``dest`` (default: this helper's ``path``).
+
+        Args:
+            url: ``https://``, ``http://``, ``ssh://``, ``git://`` or
+                ``file://`` (a local path works too).  Put no credentials
+                in it: it shows in command lines and events.
+            branch: branch or tag to check out.
+            depth: shallow clone with this many commits (for local sources
+                use a ``file://`` URL: git ignores depth for plain paths).
+            credentials: the password or token, as a :class:`Secret`; it
+                is answered to git's password prompt (HTTPS) only.
+            username: answered to git's user-name prompt; unused when the
+                URL names a user.  Token-based hosts accept any.
+            dest: the directory to clone into, relative to the workspace;
+                the helper then works on it.
+            timeout: seconds before the clone is killed.
+
+        Raises:
+            ConfigurationError: a bad argument (``credentials`` not a Secret,
+                a URL with a password in it, an option-like branch...).
+            GitError: git failed (unreachable, refused, authentication).
+        """
+        url = _text(url, "url")
+        if url.startswith("-") or not url:
+            raise ConfigurationError(f"url={url!r} is not a repository URL")
+        if re.match(r"^[a-z][a-z0-9+.-]*://[^/@]*:[^/@]*@", url, re.IGNORECASE):
+            raise ConfigurationError(
+                "the url carries a password; pass it as credentials=Secret(...) so that it never "
+                "shows in command lines, events or the clone's configuration"
+            )
+        if credentials is not None and not isinstance(credentials, Secret):
+            raise ConfigurationError(
+                "credentials must be an agentnest.Secret, so that they are redacted everywhere; "
+                f"got {type(credentials).__name__}"
+            )
+        target = _relative(dest, "dest") if dest is not None else self.path
+        args = ["clone", "--no-hardlinks"]
+        if branch is not None:
+            args += ["--branch", _ref(branch, "branch")]
+        if depth is not None:
+            if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+                raise ConfigurationError(f"depth={depth!r} must be a positive int")
+            args += ["--depth", str(depth)]
+        argv = [*_GIT, "-c", "credential.helper=", *args, "--", url, target]
+        if credentials is None:
+            result = self._run(argv, cwd=None, timeout=timeout, what="git clone")
+        else:
+            username = _text(username, "username")
+            value = credentials.get_secret_value()
+            # Registered before anything runs: from now on the guard redacts
+            # the value (and its encoded forms) wherever it shows up.
+            self.sandbox._guard.add_secret(value)
+            result = self._run(
+                ["python3", "-I", "-S", "-c", _CLONE_WITH_CREDENTIALS, *argv],
+                cwd=None,
+                timeout=timeout,
+                input=json.dumps({"username": username, "password": value}),
+                what="git clone",
+            )
+        if dest is not None:
+            self.path = target
+        head = self._git(["rev-parse", "HEAD"]).stdout.strip()
+        current = self._git(["symbolic-ref", "-q", "--short", "HEAD"], check=False)
+        return CloneResult(
+            path=target,
+            head=head,
+            branch=(current.stdout.strip() or None) if current.ok else None,
+            output=result.stdout + result.stderr,
+        )
+
+    # -- inspecting ---------------------------------------------------------------------
+
+    def status(self, *, untracked: bool = True) -> GitStatus:
+        """``git status`` parsed: branch, upstream, ahead/behind and changed paths.
+
+        Args:
+            untracked: list untracked files (every file, not just directories).
+        """
+        result = self._git(
+            [
+                "status",
+                "--porcelain=v2",
+                "--branch",
+                "-z",
+                f"--untracked-files={'all' if untracked else 'no'}",
+            ]
+        )
+        return _parse_status(result.stdout)
+
+    def diff(
+        self,
+        ref: str | None = None,
+        *,
+        staged: bool = False,
+        paths: Sequence[str] = (),
+        context: int = 3,
+    ) -> GitDiff:
+        """The diff of the working tree (or the index with ``staged=True``).
+
+        Args:
+            ref: compare against this commit instead of the index (``HEAD``,
+                ``main``, ``HEAD~2``...); with ``staged=True``, the index
+                against it.
+            staged: the staged changes (``git diff --cached``).
+            paths: limit the diff to these paths (relative to the repository).
+            context: lines of context around each change.
+
+        Untracked files are not in a diff (as in git); :meth:`status` lists them.
+        """
+        if isinstance(context, bool) or not isinstance(context, int) or not 0 <= context <= 1000:
+            raise ConfigurationError(f"context={context!r} must be an int from 0 to 1000")
+        args = ["diff", "--no-ext-diff", "--no-textconv", "-M"]
+        if staged:
+            args.append("--cached")
+        if ref is not None:
+            args.append(_ref(ref, "ref"))
+        spec = ["--", *(_text(p, "paths item") for p in paths)]
+        numstat = self._git([*args, "--numstat", "-z", *spec])
+        patch = self._git([*args, f"--unified={context}", *spec])
+        return GitDiff(
+            text=patch.stdout,
+            files=_parse_numstat(numstat.stdout),
+            truncated=patch.truncated or numstat.truncated,
+        )
+
+    # -- testing -------------------------------------------------------------------------
+
+    def run_tests(
+        self,
+        command: str = "python3 -m pytest -q",
+        *,
+        timeout: float = TEST_TIMEOUT,
+        env: dict[str, str | Secret] | None = None,
+    ) -> TestRun:
+        """Run the test command (``/bin/sh -c``) in the repository.
+
+        A failing or timed-out run is a result (``ok=False``), not an error:
+        the output says what failed.  A timed-out run's processes are killed;
+        the sandbox lives on.
+
+        Args:
+            command: the shell command line.
+            timeout: seconds before the run is killed (``timed_out=True``).
+            env: extra environment (``Secret`` values are redacted).
+        """
+        command = _text(command, "command")
+        try:
+            result = self.sandbox.exec_shell(command, cwd=self.path, timeout=timeout, env=env)
+        except ExecutionTimeoutError as exc:
+            partial = exc.result
+            assert isinstance(partial, ExecutionResult)
+            result = partial
+        return TestRun(
+            command=command,
+            exit_code=result.exit_code,
+            stdout=result.stdout,
+            stderr=result.stderr,
+            duration=result.duration,
+            timed_out=result.timed_out,
+            truncated=result.truncated,
+            summary=_summary(result.stdout + "\n" + result.stderr),
+        )
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _git(self, args: list[str], *, check: bool = True) -> ExecutionResult:
+        # -C rather than cwd: relative to the workspace, whatever the command's directory.
+        return self._run(
+            [*_GIT, "-C", self.path, *args], cwd=None, timeout=GIT_TIMEOUT, check=check, what=f"git {args[0]}"
+        )
+
+    def _run(
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None,
+        timeout: float,
+        input: str | None = None,
+        check: bool = True,
+        what: str | None = None,
+    ) -> ExecutionResult:
+        result = self.sandbox.exec(argv, cwd=cwd, timeout=timeout, env=_GIT_ENV, input=input)
+        if check and not result.ok:
+            name = what or argv[0]
+            lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+            detail = lines[-1][:500] if lines else f"exit code {result.exit_code}"
+            raise GitError(f"{name} failed: {detail}", result)
+        return result
+
+    def __repr__(self) -> str:
+        return f"<GitWorkspace {self.path!r} in {self.sandbox!r}>"
+
+
+# -- parsing (pure) ---------------------------------------------------------------------------
+
+
+def _parse_status(text: str) -> GitStatus:
+    branch: str | None = None
+    head: str | None = None
+    upstream: str | None = None
+    ahead = behind = 0
+    entries: list[StatusEntry] = []
+    records = text.split("\0")
+    i = 0
+    while i < len(records):
+        rec = records[i]
+        i += 1
+        if not rec:
+            continue
+        if rec.startswith("# "):
+            key, _, value = rec[2:].partition(" ")
+            if key == "branch.oid":
+                head = None if value == "(initial)" else value
+            elif key == "branch.head":
+                branch = None if value == "(detached)" else value
+            elif key == "branch.upstream":
+                upstream = value
+            elif key == "branch.ab":
+                a, _, b = value.partition(" ")
+                ahead, behind = int(a.lstrip("+") or 0), int(b.lstrip("-") or 0)
+        elif rec[0] == "1":
+            parts = rec.split(" ", 8)
+            entries.append(StatusEntry(parts[8], parts[1][0], parts[1][1]))
+        elif rec[0] == "2":
+            parts = rec.split(" ", 9)
+            original = records[i] if i < len(records) else None
+            i += 1
+            entries.append(StatusEntry(parts[9], parts[1][0], parts[1][1], original))
+        elif rec[0] == "u":
+            parts = rec.split(" ", 10)
+            entries.append(StatusEntry(parts[10], parts[1][0], parts[1][1]))
+        elif rec[0] == "?":
+            entries.append(StatusEntry(rec[2:], "?", "?"))
+    return GitStatus(branch, head, upstream, ahead, behind, tuple(entries))
+
+
+def _parse_numstat(text: str) -> tuple[DiffFile, ...]:
+    files: list[DiffFile] = []
+    records = text.split("\0")
+    i = 0
+    while i < len(records):
+        rec = records[i]
+        i += 1
+        if not rec:
+            continue
+        added, deleted, path = [*rec.split("\t", 2), "", ""][:3]
+        original = None
+        if path == "":  # a rename: the two paths follow as their own records
+            original = records[i] if i < len(records) else None
+            path = records[i + 1] if i + 1 < len(records) else ""
+            i += 2
+        files.append(
+            DiffFile(
+                path=path,
+                added=int(added) if added.isdigit() else None,
+                deleted=int(deleted) if deleted.isdigit() else None,
+                original_path=original,
+            )
+        )
+    return tuple(files)
+
+
+_PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?)\b")
+_PYTEST_LINE = re.compile(r"^=*\s*(?:\d+ \w+(?:, )?)+.*? in [\d.]+s", re.MULTILINE)
+_UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in ", re.MULTILINE)
+_UNITTEST_END = re.compile(r"^(OK|FAILED)(?: \(([^)]*)\))?\s*$", re.MULTILINE)
+
+
+def _summary(output: str) -> dict[str, int]:
+    """Test counts from pytest's or unittest's closing lines."""
+    lines = _PYTEST_LINE.findall(output)
+    if lines:
+        counts: dict[str, int] = {}
+        for number, word in _PYTEST_COUNT.findall(lines[-1]):
+            key = {"error": "errors", "warning": "warnings"}.get(word, word)
+            counts[key] = int(number)
+        return counts
+    ran = _UNITTEST_RAN.findall(output)
+    if ran:
+        counts = {"ran": int(ran[-1])}
+        ends = _UNITTEST_END.findall(output)
+        if ends:
+            for item in ends[-1][1].split(","):
+                name, _, number = item.strip().partition("=")
+                if number.isdigit():
+                    counts[name] = int(number)
+        failed = counts.get("failures", 0) + counts.get("errors", 0)
+        counts["failed"] = failed
+        counts["passed"] = (
+            counts["ran"] - failed - counts.get("skipped", 0) - counts.get("expected failures", 0)
+        )
+        return counts
+    return {}
+
+
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{what} must be str, not {type(value).__name__}")
+    if "\0" in value or "\n" in value:
+        raise ConfigurationError(f"{what} cannot contain NUL or newline characters")
+    return value
+
+
+def _relative(path: str | None, what: str) -> str:
+    path = _text(path, what)
+    norm = posixpath.normpath(path)
+    if not path or norm.startswith("/") or norm == ".." or norm.startswith("../") or norm.startswith("-"):
+        raise ConfigurationError(f"{what}={path!r} must be a directory relative to the workspace")
+    return norm
+
+
+def _ref(value: str, what: str) -> str:
+    value = _text(value, what)
+    if value.startswith("-") or not _REF.match(value):
+        raise ConfigurationError(f"{what}={value!r} is not a valid git ref name")
+    return value
