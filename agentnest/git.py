@@ -11,10 +11,10 @@ process, in an event or in the repository's configuration:
 
 * the value goes to the sandbox on the **stdin** of a small wrapper program;
 * the wrapper writes it to a file in a fresh private directory on the
-  scratch tmpfs (``/tmp``, mode 0700; the file 0400), points ``GIT_ASKPASS``
-  at a script that prints that file, disables credential helpers (so nothing
-  stores it) and terminal prompts, runs ``git clone``, and removes the
-  directory when git exits, whatever happened;
+  scratch tmpfs (``/tmp``, mode 0700; the file 0400), replaces every
+  configured credential helper with one that only ``cat``s that file on
+  ``get`` (so nothing stores it), runs ``git clone`` with terminal prompts
+  off, and removes the directory when git exits, whatever happened;
 * the sandbox's guard redacts the value (and its encoded forms) from
   everything returned or recorded for the rest of the sandbox's life, so a
   remote that echoes it back is caught too.
@@ -39,7 +39,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 from collections.abc import Sequence
@@ -76,26 +75,28 @@ _GIT = ["git", "-c", "core.pager=cat", "-c", "color.ui=false", "-c", "core.quote
 _GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
 
 #: Runs ``git clone`` with credentials read from stdin (never argv or env).
-#: argv: python3 -c THIS <git argv...>; stdin: {"username": ..., "password": ...}.
+#: argv: python3 -c THIS <git argv...>; stdin: git's credential format
+#: (``username=...\npassword=...\n``).  /tmp is mounted noexec, so no askpass
+#: program can live there: a shell credential helper (``!...``, run by git
+#: with ``sh -c``) ``cat``s the file instead, so the value is in no argv either.
 _CLONE_WITH_CREDENTIALS = r"""
-import json, os, shutil, subprocess, sys, tempfile
-cred = json.loads(sys.stdin.read())
+import os, shutil, subprocess, sys, tempfile
+answer = sys.stdin.read()
 os.umask(0o077)
 home = tempfile.mkdtemp(prefix=".agentnest-git-", dir="/tmp")
 try:
-    for name in ("username", "password"):
-        fd = os.open(os.path.join(home, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
-        with os.fdopen(fd, "w") as f:
-            f.write(cred[name])
-    del cred
-    askpass = os.path.join(home, "askpass")
-    fd = os.open(askpass, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+    path = os.path.join(home, "credential")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
     with os.fdopen(fd, "w") as f:
-        f.write('#!/bin/sh\ncase "$1" in\n  Username*) exec cat "%s/username" ;;\n'
-                '  *) exec cat "%s/password" ;;\nesac\n' % (home, home))
-    env = dict(os.environ, GIT_ASKPASS=askpass, SSH_ASKPASS=askpass, GIT_TERMINAL_PROMPT="0")
-    sys.stdout.flush()
-    code = subprocess.call(sys.argv[1:], env=env, stdin=subprocess.DEVNULL)
+        f.write(answer)
+    del answer
+    argv = sys.argv[1:]
+    # After the "credential.helper=" that empties the list, so ours is the only one;
+    # it answers "get" only, so nothing is ever stored.
+    at = argv.index("credential.helper=") + 1
+    helper = "credential.helper=!f() { test \"$1\" = get && cat '%s'; }; f" % path
+    argv[at:at] = ["-c", helper]
+    code = subprocess.call(argv, stdin=subprocess.DEVNULL)
 finally:
     shutil.rmtree(home, ignore_errors=True)
 sys.exit(code)
@@ -288,10 +289,10 @@ class GitWorkspace:
             branch: branch or tag to check out.
             depth: shallow clone with this many commits (for local sources
                 use a ``file://`` URL: git ignores depth for plain paths).
-            credentials: the password or token, as a :class:`Secret`; it
-                is answered to git's password prompt (HTTPS) only.
-            username: answered to git's user-name prompt; unused when the
-                URL names a user.  Token-based hosts accept any.
+            credentials: the password or token, as a :class:`Secret`, given
+                to git when an HTTP(S) remote asks for credentials (SSH keys
+                are not supported).
+            username: the user name given with it; token-based hosts accept any.
             dest: the directory to clone into, relative to the workspace;
                 the helper then works on it.
             timeout: seconds before the clone is killed.
@@ -328,6 +329,8 @@ class GitWorkspace:
         else:
             username = _text(username, "username")
             value = credentials.get_secret_value()
+            if "\n" in value or "\0" in value:
+                raise ConfigurationError("credentials cannot contain newline or NUL characters")
             # Registered before anything runs: from now on the guard redacts
             # the value (and its encoded forms) wherever it shows up.
             self.sandbox._guard.add_secret(value)
@@ -335,7 +338,7 @@ class GitWorkspace:
                 ["python3", "-I", "-S", "-c", _CLONE_WITH_CREDENTIALS, *argv],
                 cwd=None,
                 timeout=timeout,
-                input=json.dumps({"username": username, "password": value}),
+                input=f"username={username}\npassword={value}\n",
                 what="git clone",
             )
         if dest is not None:
@@ -464,7 +467,9 @@ class GitWorkspace:
         if check and not result.ok:
             name = what or argv[0]
             lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-            detail = lines[-1][:500] if lines else f"exit code {result.exit_code}"
+            # git's own verdict ("fatal: ...") says more than its last line of advice.
+            verdicts = [line for line in lines if line.startswith(("fatal:", "error:"))]
+            detail = (verdicts or lines or [f"exit code {result.exit_code}"])[0][:500]
             raise GitError(f"{name} failed: {detail}", result)
         return result
 

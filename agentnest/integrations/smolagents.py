@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,9 @@ DEFAULT_MAX_LOG_CHARS = 50_000
 #: The last line of the traceback that ``final_answer`` raises in the sandbox:
 #: ``<qualified name>FinalAnswerException: safe:<json>``.
 _FINAL_ANSWER = re.compile(r"^(?:[\w.<>]+\.)?FinalAnswerException: (safe:.*)$")
+
+#: A top-level ``import x`` / ``from x... import y`` line.
+_TOP_IMPORT = re.compile(r"^(?:import|from) ([A-Za-z_]\w*)[\w.]*(?: import [\w, ]+)?(?: as \w+)?\s*$")
 
 #: Checks, inside the sandbox, which modules / distributions are missing.
 _MISSING = """
@@ -215,7 +219,21 @@ class AgentNestExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagen
     def send_tools(self, tools: dict[str, Tool]) -> None:
         """Define ``tools`` in the sandbox from their source code (as smolagents' remote executors do)."""
         with self._lock:
-            super().send_tools(tools)
+            # Requirements are read before final_answer is patched: the patch's own
+            # imports (numpy, PIL) are optional (guarded by ImportError) but would be listed.
+            wanted = {
+                "pillow" if pkg == "PIL" else pkg
+                for tool in tools.values()
+                for pkg in tool.to_dict()["requirements"]
+                if pkg != "smolagents" and pkg not in self.installed_packages
+            }
+            if "final_answer" in tools:
+                self._patch_final_answer_with_exception(tools["final_answer"])
+            if wanted:
+                self.installed_packages += self.install_packages(sorted(wanted))
+            code = _guard_imports(get_tools_definition_code(tools))
+            if code:
+                self.run_code_raise_errors(code)
             self._tools = dict(tools)
 
     def send_variables(self, variables: dict[str, Any]) -> None:
@@ -277,7 +295,7 @@ class AgentNestExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagen
             super().send_variables(self._variables)
         if self._tools:
             # The tools were patched (final_answer) and checked the first time: send the same code.
-            self.run_code_raise_errors(get_tools_definition_code(self._tools))
+            self.run_code_raise_errors(_guard_imports(get_tools_definition_code(self._tools)))
 
     def _logs(self, result: SessionResult | None) -> str:
         if result is None:
@@ -297,6 +315,25 @@ class AgentNestExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagen
 
     def __repr__(self) -> str:
         return f"<AgentNestExecutor in {self.sandbox!r}>"
+
+
+def _guard_imports(code: str) -> str:
+    """Make the top-level imports of third-party modules in tool code optional.
+
+    smolagents hoists every import it finds in a tool's source to the top,
+    including the patched ``final_answer``'s guarded ``import PIL`` and
+    ``import numpy``, which smolagents' own remote executors pip-install.
+    Requirements the tools really have were checked by :meth:`install_packages`
+    before this runs, so a module missing here is an optional one.
+    """
+    out = []
+    for line in code.splitlines():
+        match = _TOP_IMPORT.match(line)
+        if match and match.group(1) not in sys.stdlib_module_names:
+            out.append(f"try:\n    {line}\nexcept ImportError:\n    pass")
+        else:
+            out.append(line)
+    return "\n".join(out)
 
 
 def _first_line(text: str) -> str:

@@ -633,3 +633,17 @@ def test_git_workspace_with_the_local_agent(sandbox: Sandbox) -> None:
     with pytest.raises(GitError, match="git clone failed") as info:
         GitWorkspace(sandbox, "again").clone("file:///nonexistent/repo.git")
     assert info.value.result is not None and not info.value.result.ok
+
+
+def test_tool_code_imports_of_optional_modules_are_guarded() -> None:
+    pytest.importorskip("smolagents", reason="the dev extra installs smolagents")
+    from agentnest.integrations.smolagents import _guard_imports
+
+    code = "import json\nimport PIL\nfrom numpy.linalg import norm as n\n    import indented\nx = 1"
+    guarded = _guard_imports(code)
+    assert guarded.startswith("import json\ntry:\n    import PIL\nexcept ImportError:\n    pass\n")
+    assert "try:\n    from numpy.linalg import norm as n\nexcept ImportError:" in guarded
+    assert guarded.endswith("\n    import indented\nx = 1")
+    namespace: dict[str, Any] = {}
+    exec(_guard_imports("import no_such_module_for_this_test\nvalue = 3"), namespace)
+    assert namespace["value"] == 3
