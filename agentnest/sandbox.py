@@ -410,6 +410,9 @@ class Sandbox:
 
     def _lost(self, exc: ChannelError) -> Exception:
         """Explain a broken channel: the sandbox ended, or only its agent did."""
+        channel = self._channel
+        if channel is not None and channel.alive:
+            return exc  # the agent refused this request and lives on: nothing was lost
         try:
             self._check_alive()
         except SandboxDestroyedError as gone:
@@ -592,10 +595,11 @@ class Sandbox:
         cwd: str | None,
         input: str | bytes | None,
     ) -> ExecHandle:
-        args, call_env, workdir, timeout = self._guard.exec_request(argv, timeout=timeout, env=env, cwd=cwd)
+        # Every argument is checked before the guard records the start.
         if input is not None and not isinstance(input, (str, bytes)):
             raise ConfigurationError("input must be str, bytes or None")
         data = input.encode("utf-8") if isinstance(input, str) else input
+        args, call_env, workdir, timeout = self._guard.exec_request(argv, timeout=timeout, env=env, cwd=cwd)
         try:
             return self._ch().start_exec(
                 args,
