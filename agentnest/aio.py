@@ -602,6 +602,10 @@ class AsyncSandbox:
 
     # -- lifecycle ---------------------------------------------------------------
 
+    async def add_secret(self, value: str | Secret) -> None:
+        """See :meth:`Sandbox.add_secret`."""
+        self._sandbox.add_secret(value)  # in memory only: no thread needed
+
     async def network_log(self) -> list[dict[str, Any]]:
         """See :meth:`Sandbox.network_log`."""
         return self._sandbox.network_log()  # a copy of an in-memory log: no I/O, no thread

@@ -333,7 +333,7 @@ class GitWorkspace:
                 raise ConfigurationError("credentials cannot contain newline or NUL characters")
             # Registered before anything runs: from now on the guard redacts
             # the value (and its encoded forms) wherever it shows up.
-            self.sandbox._guard.add_secret(value)
+            self.sandbox.add_secret(value)
             result = self._run(
                 ["python3", "-I", "-S", "-c", _CLONE_WITH_CREDENTIALS, *argv],
                 cwd=None,

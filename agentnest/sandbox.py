@@ -297,6 +297,19 @@ class Sandbox:
             # the next call on this sandbox raises it instead (fail loud).
             self._egress_failure = exc
 
+    def add_secret(self, value: str | Secret) -> None:
+        """Redact ``value`` (and its encoded forms) from everything this sandbox returns, from now on.
+
+        For values that reach the sandbox another way than ``environment``
+        (a token a tool passes on stdin, a credential a helper writes).
+
+        .. versionadded:: 0.4.0
+        """
+        raw = value.get_secret_value() if isinstance(value, Secret) else value
+        if not isinstance(raw, str) or not raw:
+            raise ConfigurationError("add_secret needs a non-empty str or a Secret")
+        self._guard.add_secret(raw)
+
     def network_log(self) -> list[dict[str, Any]]:
         """Every connection the sandbox tried through its egress proxy, oldest first.
 

@@ -404,3 +404,14 @@ def test_scripted_scenario_writes_the_expected_event_sequence(backend_name: str,
     assert records[1]["data"]["command"] == "/bin/sh -c 'echo $TOKEN'"
     denial = next(r for r in records if r["type"] == "policy.denied")
     assert denial["data"]["kind"] == "file.remove" and denial["data"]["path"] == "/workspace/note.txt"
+
+
+def test_add_secret_redacts_a_value_that_arrived_another_way(sb_gate: tuple[Sandbox, Gate]) -> None:
+    sb, _ = sb_gate
+    sb.exec_shell("cat > /workspace/token.txt", input="tok-from-stdin-4242")
+    assert sb.read_file("token.txt") == "tok-from-stdin-4242"  # not a secret yet
+    sb.add_secret(Secret("tok-from-stdin-4242"))
+    assert sb.read_file("token.txt") == REDACTED
+    assert sb.exec_shell("cat /workspace/token.txt").stdout == REDACTED
+    with pytest.raises(ValueError):
+        sb.add_secret("")
