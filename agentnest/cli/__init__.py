@@ -14,11 +14,11 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import AgentNestError, ConfigurationError
-from . import audit, backends, demo, doctor, image, mcp, profiles, prune, run
+from . import audit, backends, demo, doctor, image, mcp, profiles, prune, run, serve
 from ._output import error
 
 #: The commands in the order ``agentnest --help`` lists them.
-COMMANDS = (demo, doctor, run, backends, image, profiles, prune, audit, mcp)
+COMMANDS = (demo, doctor, run, backends, image, profiles, prune, audit, serve, mcp)
 
 _EPILOG = """\
 examples:

@@ -32,8 +32,14 @@ def _kata() -> RuntimeBackend:
     return DockerBackend(DockerSpec(oci_runtime="kata-runtime"), name="kata")
 
 
-BUILTIN: dict[str, BackendFactory] = {"docker": _docker, "gvisor": _gvisor, "kata": _kata}
-"""Built-in backends: Docker with runc, runsc (gVisor) or kata-runtime."""
+def _remote() -> RuntimeBackend:
+    from .remote import RemoteBackend
+
+    return RemoteBackend()  # $AGENTNEST_REMOTE_URL, $AGENTNEST_REMOTE_TOKEN, $AGENTNEST_REMOTE_BACKEND
+
+
+BUILTIN: dict[str, BackendFactory] = {"docker": _docker, "gvisor": _gvisor, "kata": _kata, "remote": _remote}
+"""Built-in backends: Docker with runc, runsc (gVisor) or kata-runtime; an ``agentnest serve`` server."""
 
 _shared: dict[str, RuntimeBackend] = {}
 _lock = threading.Lock()

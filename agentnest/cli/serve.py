@@ -1,0 +1,306 @@
+"""``agentnest serve``: the authenticated HTTP API, and ``agentnest serve token`` to manage its tokens."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigurationError
+from ._output import Commands, add_command, positive_float, table
+
+_EPILOG = """\
+Every call needs `Authorization: Bearer <token>`.  A token's ceiling bounds what
+it may ask for (backends, images, memory, CPUs, PIDs, lifetime, network,
+number of sandboxes); asking for more is refused (HTTP 403), never clamped.
+Sandboxes belong to their token: another token gets 404.  The server binds
+127.0.0.1 unless told otherwise, and refuses any other address without TLS
+(--tls-cert/--tls-key) or an explicit --insecure-bind.  Needs the server
+extra: pip install 'agentnest[server]'.  Details: docs/server.md.
+
+examples:
+  agentnest serve token create --name ci --max-memory 1g --max-sandboxes 8
+  agentnest serve                                   # http://127.0.0.1:8700
+  agentnest serve --backend docker --backend gvisor --port 9000
+  agentnest serve --host 0.0.0.0 --tls-cert cert.pem --tls-key key.pem
+  agentnest serve --openapi > openapi.json          # the spec, without serving
+  agentnest serve token list
+  agentnest serve token revoke ci
+"""
+
+
+def register(commands: Commands) -> None:
+    """Add ``serve`` (and ``serve token``) to the command line."""
+    parser = add_command(
+        commands,
+        "serve",
+        "serve sandboxes over an authenticated HTTP API (bearer tokens)",
+        "Run the AgentNest HTTP API: sandboxes for clients holding a token, within its ceiling.",
+        _EPILOG,
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8700, help="port (default 8700)")
+    _tokens_option(parser)
+    parser.add_argument(
+        "--backend",
+        action="append",
+        metavar="NAME",
+        help="a backend tokens may be granted (repeat it; the first is the default; default: docker)",
+    )
+    parser.add_argument("--image", help="the default image (default: the base image)")
+    parser.add_argument(
+        "--max-sandboxes",
+        type=_count,
+        default=64,
+        metavar="N",
+        help="live sandboxes, all tokens (default 64)",
+    )
+    parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate")
+    parser.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key")
+    parser.add_argument(
+        "--insecure-bind",
+        action="store_true",
+        help="allow plain HTTP on an address other than loopback (tokens then cross the network in clear)",
+    )
+    parser.add_argument("--audit-log", type=Path, metavar="PATH", help="the JSONL audit log")
+    parser.add_argument("--no-audit-log", action="store_true", help="do not write the JSONL audit log")
+    parser.add_argument("--openapi", action="store_true", help="print the OpenAPI document and exit")
+    parser.set_defaults(handler=handle)
+
+    sub = parser.add_subparsers(dest="serve_command", metavar="token", title="token management")
+    token = sub.add_parser(
+        "token",
+        help="create, list or revoke tokens",
+        description="Manage the server's bearer tokens (stored hashed in the token file).",
+    )
+    actions = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+
+    create = actions.add_parser("create", help="create a token and print its secret once")
+    _tokens_option(create)
+    create.add_argument("--name", required=True, help="a name for people (unique)")
+    create.add_argument(
+        "--backend", action="append", default=[], metavar="NAME", help="a backend it may use (repeat)"
+    )
+    create.add_argument(
+        "--image", action="append", default=[], metavar="PATTERN", help="an image glob it may use (repeat)"
+    )
+    create.add_argument(
+        "--max-sandboxes", type=_count_or_zero, metavar="N", help="live sandboxes (default 4)"
+    )
+    create.add_argument("--max-memory", metavar="SIZE", help="memory per sandbox, e.g. 1g (default 512m)")
+    create.add_argument("--max-cpus", type=positive_float, metavar="N", help="CPUs per sandbox (default 1)")
+    create.add_argument("--max-pids", type=_count, metavar="N", help="processes per sandbox (default 256)")
+    create.add_argument(
+        "--max-timeout", type=positive_float, metavar="SECONDS", help="longest lifetime (default 3600)"
+    )
+    create.add_argument(
+        "--network",
+        action="append",
+        default=[],
+        choices=("denied", "allowlist", "open"),
+        help="a network mode it may ask for (repeat; default: denied only)",
+    )
+    create.add_argument(
+        "--domain",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="allowlist domains it may name (repeat)",
+    )
+    create.add_argument("--writable-root", action="store_true", help="it may ask for a writable root")
+    create.add_argument("--expires-in", type=positive_float, metavar="SECONDS", help="the token expires then")
+    create.add_argument("--json", action="store_true", help="print the token as JSON")
+    create.set_defaults(handler=handle_create)
+
+    listing = actions.add_parser("list", help="list the tokens (never their secrets)")
+    _tokens_option(listing)
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(handler=handle_list)
+
+    revoke = actions.add_parser("revoke", help="remove a token (a running server notices at once)")
+    _tokens_option(revoke)
+    revoke.add_argument("token", metavar="ID_OR_NAME")
+    revoke.set_defaults(handler=handle_revoke)
+
+
+def _tokens_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tokens",
+        type=Path,
+        metavar="PATH",
+        help="the token file (default: $AGENTNEST_TOKEN_FILE, ~/.config/agentnest/tokens.json)",
+    )
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535)")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 1 to 100000")
+    return value
+
+
+def _count_or_zero(text: str) -> int:
+    return 0 if text.strip() == "0" else _count(text)
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from ..server.auth import TokenStore, default_token_file
+
+    return TokenStore(args.tokens or default_token_file())
+
+
+def check_bind(host: str, tls: bool, insecure: bool) -> None:
+    """Refuse plain HTTP on an address other than loopback unless ``--insecure-bind``.
+
+    Bearer tokens in clear text on a network are as good as published; on
+    loopback only local processes see them.
+    """
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not tls and not insecure:
+        raise ConfigurationError(
+            f"--host {host}: refusing plain HTTP on an address other than loopback (tokens would cross "
+            "the network in clear text); pass --tls-cert and --tls-key, put a TLS proxy in front of a "
+            "loopback server, or pass --insecure-bind on a network you trust"
+        )
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~agentnest.server.app.ServerSettings` the options describe."""
+    from ..audit import JsonLogObserver
+    from ..server.app import ServerSettings
+
+    observers = []
+    if not args.no_audit_log:
+        observers.append(JsonLogObserver(args.audit_log))
+    elif args.audit_log is not None:
+        raise ConfigurationError("pass either --audit-log PATH or --no-audit-log, not both")
+    names = args.backend or ["docker"]
+    if len(set(names)) != len(names):
+        raise ConfigurationError("each --backend may be given once")
+    return ServerSettings(
+        tokens=_store(args),
+        backends={name: name for name in names},
+        image=args.image,
+        max_sandboxes=args.max_sandboxes,
+        observers=tuple(observers),
+    )
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Serve until interrupted (every sandbox is destroyed on the way out)."""
+    from ..server.app import create_app, openapi_document
+
+    if args.openapi:
+        from ..server.app import ServerSettings
+        from ..server.auth import TokenStore
+
+        # The spec depends on neither the tokens nor the engine (nothing is read or started).
+        spec = ServerSettings(tokens=TokenStore("/nonexistent/agentnest-tokens.json"), image="IMAGE")
+        sys.stdout.write(openapi_document(create_app(spec)))
+        return 0
+    tls = args.tls_cert is not None or args.tls_key is not None
+    if tls and (args.tls_cert is None or args.tls_key is None):
+        raise ConfigurationError("--tls-cert and --tls-key go together")
+    check_bind(args.host, tls, args.insecure_bind)
+    settings = settings_from_args(args)
+    if not settings.tokens.list():
+        print(
+            f"warning: no tokens in {settings.tokens.path}; create one with "
+            "`agentnest serve token create --name NAME`",
+            file=sys.stderr,
+        )
+    import uvicorn
+
+    app = create_app(settings)
+    scheme = "https" if tls else "http"
+    print(
+        f"agentnest serve: {scheme}://{args.host}:{args.port} (tokens: {settings.tokens.path})",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        ssl_certfile=str(args.tls_cert) if tls else None,
+        ssl_keyfile=str(args.tls_key) if tls else None,
+        log_level="warning",
+        # Our own websocket limit: agent frames are at most ~2 MiB (protocol.py).
+        ws_max_size=4 * 1024 * 1024,
+        ws_per_message_deflate=False,
+        server_header=False,
+    )
+    return 0
+
+
+def handle_create(args: argparse.Namespace) -> int:
+    from ..server.auth import parse_ceiling_options
+
+    ceiling = parse_ceiling_options(
+        backends=args.backend,
+        images=args.image,
+        max_sandboxes=args.max_sandboxes,
+        max_memory=args.max_memory,
+        max_cpus=args.max_cpus,
+        max_pids=args.max_pids,
+        max_timeout=args.max_timeout,
+        network=args.network,
+        domains=args.domain,
+        writable_root=args.writable_root,
+    )
+    store = _store(args)
+    token, secret = store.create(args.name, ceiling, expires_in=args.expires_in)
+    if args.json:
+        print(json.dumps({**token.to_dict(), "secret": secret}, indent=1))
+    else:
+        print(secret)
+        print(
+            f"token {token.id} ({token.name}) stored hashed in {store.path}; the secret above is shown "
+            f"only now.  Ceiling: {ceiling.describe()}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def handle_list(args: argparse.Namespace) -> int:
+    tokens = _store(args).list()
+    if args.json:
+        print(json.dumps([t.to_dict() for t in tokens], indent=1))
+        return 0
+    now = time.time()
+    rows = []
+    for t in tokens:
+        if t.expires is None:
+            expires = "never"
+        elif t.expired(now):
+            expires = "EXPIRED"
+        else:
+            expires = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.expires))
+        rows.append([t.id, t.name, expires, t.ceiling.describe()])
+    print(table(["ID", "NAME", "EXPIRES", "CEILING"], rows))
+    return 0
+
+
+def handle_revoke(args: argparse.Namespace) -> int:
+    token = _store(args).revoke(args.token)
+    print(f"revoked token {token.id} ({token.name})", file=sys.stderr)
+    return 0

@@ -1,0 +1,1095 @@
+"""``agentnest serve``: the authenticated HTTP API (FastAPI) over the public sandbox API.
+
+Every sandbox belongs to the token that created it.  Another token gets 404
+for it, exactly as for an id that never existed, so ids do not leak between
+tokens.  Each request's policy is built from the client's ask checked against
+the token's :class:`~agentnest.server.auth.Ceiling`: asking for more is
+refused with 403 and a message naming the limit, never silently clamped.  The
+ceiling is also made the sandbox's :class:`~agentnest.SecurityPolicy`, so the
+guard refuses a later fork or extension past it too.
+
+Sandboxes are :class:`~agentnest.AsyncSandbox` objects: the guard does policy,
+redaction and events; a command whose HTTP client goes away mid-stream is
+cancelled, which kills its process tree.  ``/v1/sandboxes/{id}/channel`` (a
+websocket) carries the raw agent protocol to a sandbox the token owns: that is
+what the ``remote`` backend (:mod:`agentnest.runtime.remote`) speaks, so the
+whole ``Sandbox`` API works through it.  docs/server.md explains the trust
+boundary.
+
+.. versionadded:: 0.4.0
+"""
+
+# No ``from __future__ import annotations``: FastAPI reads the route
+# functions' annotations, some of them local to create_app, as objects.
+
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+
+from ..errors import MissingDependencyError
+
+try:
+    import fastapi  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise MissingDependencyError("agentnest serve needs FastAPI: pip install 'agentnest[server]'") from exc
+from fastapi import Depends, FastAPI, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import model_validator
+from starlette.exceptions import HTTPException
+
+from .._version import __version__
+from ..aio import AsyncExecutionStream, AsyncPythonSession, AsyncSandbox
+from ..config import ExecutionResult, ResourceLimits, parse_size
+from ..errors import (
+    AgentNestError,
+    ConfigurationError,
+    ExecutionTimeoutError,
+    PolicyDeniedError,
+)
+from ..events import Observer
+from ..policy import NetworkMode, NetworkPolicy, SecurityPolicy
+from ..runtime.base import RuntimeBackend, SandboxHandle
+from ..runtime.registry import get_backend
+from ..secrets import Secret
+from . import schemas as s
+from .auth import AuthError, Token, TokenStore
+
+log = logging.getLogger("agentnest.server")
+
+#: JSON bodies larger than this are refused with 413 before they are read.
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
+#: File uploads and snapshot restores may be larger, up to this.
+DEFAULT_MAX_UPLOAD = 256 * 1024 * 1024
+#: Agent channels (websockets) open at once per sandbox: each is an agent process in it.
+MAX_CHANNELS = 4
+#: Python sessions per sandbox.
+MAX_SESSIONS = 8
+_DEFAULTS = ResourceLimits()
+_WWW_AUTHENTICATE = 'Bearer realm="agentnest"'
+_INVALID_TOKEN = _WWW_AUTHENTICATE + ', error="invalid_token"'
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    """How the server runs.  Everything here is the operator's choice; clients choose within tokens.
+
+    Args:
+        tokens: the token store (see :mod:`agentnest.server.auth`).
+        backends: backends clients may be granted, by name (the first is the
+            default); values are names for the registry or instances.
+        image: the default image (``None``: the base image); a token without
+            ``images`` in its ceiling gets only this one.
+        default_lifetime: lifetime of a sandbox whose client gives none (at
+            most the token's ``max_timeout``).
+        max_sandboxes: live sandboxes on the server, all tokens together.
+        max_body_bytes: largest JSON request body (413 beyond).
+        max_upload_bytes: largest file upload or snapshot restore body.
+        reap_interval: seconds between sweeps that destroy sandboxes past their deadline.
+        observers: event sinks for every sandbox (an audit log).
+        work_dir: where snapshots are staged while they stream (a private
+            temporary directory by default, removed at shutdown).
+    """
+
+    tokens: TokenStore
+    backends: Mapping[str, str | RuntimeBackend] = dataclasses.field(
+        default_factory=lambda: {"docker": "docker"}
+    )
+    image: str | None = None
+    default_lifetime: float = 600.0
+    max_sandboxes: int = 64
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD
+    reap_interval: float = 5.0
+    observers: Sequence[Observer] = ()
+    work_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokens, TokenStore):
+            raise ConfigurationError("tokens must be a TokenStore")
+        if not self.backends:
+            raise ConfigurationError("the server needs at least one backend")
+        for name in ("max_sandboxes", "max_body_bytes", "max_upload_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigurationError(f"{name}={value!r} must be a positive integer")
+        for name in ("default_lifetime", "reap_interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
+
+
+class _Entry:
+    """One live sandbox of one token."""
+
+    def __init__(self, token_id: str, sandbox: AsyncSandbox, backend_name: str) -> None:
+        self.token_id = token_id
+        self.sandbox = sandbox
+        self.backend_name = backend_name
+        self.created = time.time()
+        self.sessions: dict[str, AsyncPythonSession] = {}
+        self.channels = 0
+
+
+class _Refused(HTTPException):
+    """An HTTP error with a stable code (the body is ``{"detail", "code"}``)."""
+
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(status, detail, headers)
+        self.code = code
+
+
+class _TooLarge(_Refused):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            413, "too_large", f"the request body is larger than this server's limit of {limit} bytes"
+        )
+
+
+def _handle_of(sandbox: AsyncSandbox) -> SandboxHandle:
+    # The backend handle of a sandbox the server owns: needed to open further
+    # agent channels for the remote backend.  (Sandbox has no public accessor.)
+    return sandbox._sandbox._handle
+
+
+class Service:
+    """The sandboxes of one server, by token.  Runs on the server's event loop (no locks needed)."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.backends: dict[str, RuntimeBackend] = {}
+        for name, backend in settings.backends.items():
+            instance = get_backend(backend) if isinstance(backend, str) else backend
+            if not isinstance(instance, RuntimeBackend):
+                raise ConfigurationError(f"backend {name!r} is not a RuntimeBackend")
+            self.backends[name] = instance
+        self.default_backend = next(iter(self.backends))
+        if settings.image is not None:
+            self.image = settings.image
+        else:
+            from ..sandbox import default_image
+
+            self.image = default_image()
+        self.entries: dict[str, _Entry] = {}
+        self.pending: dict[str, int] = {}
+        self.closed = False
+        self._work_dir: Path | None = None
+
+    @property
+    def work_dir(self) -> Path:
+        """Where snapshots are staged: the operator's directory, or a private one made on first use."""
+        if self._work_dir is None:
+            if self.settings.work_dir is not None:
+                self._work_dir = Path(self.settings.work_dir)
+                self._work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            else:
+                self._work_dir = Path(tempfile.mkdtemp(prefix="agentnest-serve-"))
+        return self._work_dir
+
+    # -- lookup ----------------------------------------------------------------
+
+    def get(self, token: Token, sandbox_id: str) -> _Entry:
+        entry = self.entries.get(sandbox_id)
+        # The same answer for "never existed" and "another token's": nothing leaks.
+        if entry is None or entry.token_id != token.id:
+            raise _Refused(404, "not_found", f"no sandbox {sandbox_id!r:.80} for this token")
+        return entry
+
+    def count(self, token_id: str) -> int:
+        live = sum(1 for e in self.entries.values() if e.token_id == token_id)
+        return live + self.pending.get(token_id, 0)
+
+    @asynccontextmanager
+    async def slot(self, token: Token) -> AsyncIterator[None]:
+        """Reserve room for one more sandbox of ``token`` while it is created."""
+        await self.reap()
+        if self.closed:
+            raise _Refused(503, "runtime_unavailable", "the server is shutting down")
+        used = self.count(token.id)
+        if used >= token.ceiling.max_sandboxes:
+            raise _Refused(
+                429,
+                "quota",
+                f"this token already has {used} of at most {token.ceiling.max_sandboxes} sandboxes; "
+                "destroy one first",
+            )
+        total = len(self.entries) + sum(self.pending.values())
+        if total >= self.settings.max_sandboxes:
+            raise _Refused(429, "quota", "the server runs as many sandboxes as it may; try again later")
+        self.pending[token.id] = self.pending.get(token.id, 0) + 1
+        try:
+            yield
+        finally:
+            self.pending[token.id] -= 1
+            if not self.pending[token.id]:
+                del self.pending[token.id]
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def create(self, token: Token, body: s.CreateSandbox) -> _Entry:
+        ceiling = token.ceiling
+        allowed_backends = ceiling.backends or (self.default_backend,)
+        backend_name = body.backend or (
+            self.default_backend if self.default_backend in allowed_backends else allowed_backends[0]
+        )
+        if backend_name not in allowed_backends:
+            raise PolicyDeniedError(
+                f"backend {backend_name!r} is beyond this token's ceiling; "
+                f"it may use {list(allowed_backends)}"
+            )
+        backend = self.backends.get(backend_name)
+        if backend is None:
+            raise ConfigurationError(f"this server has no backend {backend_name!r}; GET /v1/info lists them")
+        image = body.image or self.image
+        if not ceiling.allows_image(image, self.image):
+            allowed = list(ceiling.images) or [self.image]
+            raise PolicyDeniedError(f"image {image!r} is beyond this token's ceiling; allowed: {allowed}")
+        if body.timeout is not None and body.timeout > ceiling.max_timeout:
+            raise PolicyDeniedError(
+                f"timeout {body.timeout:g}s is beyond this token's max_timeout {ceiling.max_timeout:g}s"
+            )
+        timeout = body.timeout or min(self.settings.default_lifetime, ceiling.max_timeout)
+        if not body.read_only_root and not ceiling.writable_root:
+            raise PolicyDeniedError("a writable root filesystem is beyond this token's ceiling")
+        network = self._network(token, body.network)
+        policy = self._policy(token, body.policy, network, image)
+        memory = parse_size(body.memory, "memory") if body.memory is not None else None
+        workspace = parse_size(body.workspace_size, "workspace_size") if body.workspace_size else None
+        if workspace is not None and workspace > ceiling.max_workspace:
+            raise PolicyDeniedError(
+                f"workspace_size {workspace} is beyond this token's max_workspace {ceiling.max_workspace}"
+            )
+        environment: dict[str, str | Secret] = dict(body.environment)
+        for name, value in body.secrets.items():
+            environment[name] = Secret(value)
+        for name, value in body.secret_files.items():
+            environment[name] = Secret(value, as_file=True)
+        # What the client did not ask for defaults to the smaller of the
+        # usual default and the ceiling: not asking is never "asking for more".
+        # The tmpfs sizes follow the memory (they live in it).
+        memory = memory if memory is not None else min(_DEFAULTS.memory, ceiling.max_memory)
+        if workspace is None:
+            workspace = min(_DEFAULTS.workspace, ceiling.max_workspace, memory // 2)
+        scratch = body.scratch_size if body.scratch_size is not None else min(_DEFAULTS.scratch, memory // 8)
+        async with self.slot(token):
+            sandbox = await AsyncSandbox.create(
+                image,
+                timeout,
+                environment=environment,
+                workdir=body.workdir,
+                memory=memory,
+                cpus=body.cpus if body.cpus is not None else min(_DEFAULTS.cpus, ceiling.max_cpus),
+                pids=body.pids if body.pids is not None else min(_DEFAULTS.pids, ceiling.max_pids),
+                workspace_size=workspace,
+                scratch_size=scratch,
+                backend=backend,
+                read_only_root=body.read_only_root,
+                security_policy=policy,
+                observers=self.settings.observers,
+            )
+            entry = _Entry(token.id, sandbox, backend_name)
+            self.entries[sandbox.id] = entry
+        return entry
+
+    def _network(self, token: Token, asked: s.NetworkIn) -> NetworkPolicy:
+        ceiling = token.ceiling
+        if asked.mode not in ceiling.network:
+            raise PolicyDeniedError(
+                f"network mode {asked.mode!r} is beyond this token's ceiling; "
+                f"it may use {list(ceiling.network)}"
+            )
+        if asked.mode == NetworkMode.ALLOWLIST.value:
+            for domain in asked.domains:
+                if not ceiling.allows_domain(domain.lower().rstrip(".")):
+                    raise PolicyDeniedError(
+                        f"allowlist domain {domain!r} is beyond this token's ceiling "
+                        f"(allowed patterns: {list(ceiling.domains)})"
+                    )
+            return NetworkPolicy.allowlist(domains=tuple(asked.domains), ports=tuple(asked.ports))
+        if asked.domains:
+            raise ConfigurationError(f"domains only go with network mode 'allowlist', not {asked.mode!r}")
+        return NetworkPolicy.open() if asked.mode == NetworkMode.OPEN.value else NetworkPolicy.denied()
+
+    def _policy(self, token: Token, asked: s.PolicyIn, network: NetworkPolicy, image: str) -> SecurityPolicy:
+        ceiling = token.ceiling
+        for name in ("max_output_bytes", "max_file_bytes"):
+            value = getattr(asked, name)
+            if value is not None and value > getattr(ceiling, name):
+                raise PolicyDeniedError(
+                    f"{name} {value} is beyond this token's ceiling {getattr(ceiling, name)}"
+                )
+        return SecurityPolicy(
+            network=network,
+            max_output_bytes=asked.max_output_bytes or ceiling.max_output_bytes,
+            max_file_bytes=asked.max_file_bytes or ceiling.max_file_bytes,
+            require_image_digest=asked.require_image_digest,
+            # Forks inherit this policy: the guard itself holds them to the ceiling.
+            allowed_images=tuple(ceiling.images) or (self.image,),
+            read_only_root=not ceiling.writable_root,
+            max_memory=ceiling.max_memory,
+            max_cpus=ceiling.max_cpus,
+            max_pids=ceiling.max_pids,
+            max_timeout=ceiling.max_timeout,
+        )
+
+    async def adopt(self, token: Token, child: AsyncSandbox, backend_name: str) -> _Entry:
+        entry = _Entry(token.id, child, backend_name)
+        self.entries[child.id] = entry
+        return entry
+
+    async def destroy(self, entry: _Entry) -> None:
+        self.entries.pop(entry.sandbox.id, None)
+        for session in list(entry.sessions.values()):
+            try:
+                await session.close()
+            except AgentNestError:
+                pass  # the sandbox goes next, its sessions with it
+        entry.sessions.clear()
+        try:
+            await entry.sandbox.destroy()
+        except AgentNestError as exc:
+            # Already gone, or the engine failed: its deadline stops it anyway.
+            log.warning("destroying sandbox %s: %s", entry.sandbox.id, exc)
+
+    async def reap(self) -> None:
+        """Destroy the sandboxes past their deadline (they stopped themselves already)."""
+        now = time.time()
+        expired = [e for e in self.entries.values() if e.sandbox.deadline <= now]
+        for entry in expired:
+            await self.destroy(entry)
+
+    async def close(self) -> None:
+        self.closed = True
+        entries = list(self.entries.values())
+        async with anyio.create_task_group() as tg:
+            for entry in entries:
+                tg.start_soon(self.destroy, entry)
+        if self._work_dir is not None and self.settings.work_dir is None:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+            self._work_dir = None
+
+    # -- descriptions ------------------------------------------------------------
+
+    async def describe(self, entry: _Entry) -> s.SandboxOut:
+        sandbox = entry.sandbox
+        config = sandbox.config
+        backend = sandbox.backend
+        handle = _handle_of(sandbox)
+
+        def state() -> tuple[bool, str | None]:
+            if sandbox.destroyed:
+                return False, "it was destroyed"
+            running = backend.is_running(handle)
+            return running, None if running else backend.exit_reason(handle)
+
+        running, reason = await anyio.to_thread.run_sync(state)
+        return s.SandboxOut(
+            id=sandbox.id,
+            image=config.image,
+            backend=entry.backend_name,
+            oci_runtime=backend.oci_runtime,
+            created=entry.created,
+            deadline=sandbox.deadline,
+            expires_in=max(0.0, round(sandbox.deadline - time.time(), 3)),
+            running=running,
+            memory=config.limits.memory,
+            cpus=config.limits.cpus,
+            pids=config.limits.pids,
+            network=config.network.mode.value,
+            read_only_root=config.read_only_root,
+            exit_reason=reason,
+        )
+
+
+def _exec_out(result: ExecutionResult) -> s.ExecOut:
+    return s.ExecOut(
+        stdout=result.stdout,
+        stderr=result.stderr,
+        exit_code=result.exit_code,
+        ok=result.ok,
+        duration=round(result.duration, 6),
+        timed_out=result.timed_out,
+        truncated=result.truncated,
+        signal=getattr(result, "signal", None),
+    )
+
+
+class ExecRequest(s.ExecIn):
+    @model_validator(mode="after")
+    def _one_command(self) -> "ExecRequest":
+        given = [n for n in ("argv", "shell", "python") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of argv, shell or python")
+        return self
+
+
+def _command_argv(body: s.ExecIn) -> list[str] | None:
+    if body.argv is not None:
+        return list(body.argv)
+    if body.shell is not None:
+        return ["/bin/sh", "-c", body.shell]
+    return None
+
+
+def _error_response(
+    status: int, code: str, detail: str, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"detail": detail, "code": code}, status_code=status, headers=dict(headers or {}))
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over the limit with 413.
+
+    A declared ``Content-Length`` over it is refused before anything is read;
+    a chunked body is counted as it arrives and cut off at the limit.  Bodies
+    of uploads (``PUT .../files/...``, ``POST .../restore``) have the larger
+    upload limit; everything else is JSON and has the smaller one.
+    """
+
+    def __init__(self, app: Any, limit: int, upload_limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.upload_limit = upload_limit
+
+    def _limit_for(self, scope: Mapping[str, Any]) -> int:
+        path = str(scope.get("path", ""))
+        method = scope.get("method")
+        if (method == "PUT" and "/files/" in path) or (method == "POST" and path.endswith("/restore")):
+            return self.upload_limit
+        return self.limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self._limit_for(scope)
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                if not value.isdigit():
+                    response = _error_response(400, "invalid", "Content-Length is not a number")
+                    await response(scope, receive, send)
+                    return
+                if int(value) > limit:
+                    await _error_response(413, "too_large", _TooLarge(limit).detail)(scope, receive, send)
+                    return
+        received = 0
+
+        async def limited() -> Any:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _TooLarge(limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def create_app(settings: ServerSettings) -> FastAPI:
+    """The FastAPI application of ``agentnest serve``.
+
+    Example::
+
+        store = TokenStore("tokens.json")
+        app = create_app(ServerSettings(tokens=store, backends={"docker": "docker"}))
+        uvicorn.run(app, host="127.0.0.1", port=8700)
+    """
+    service = Service(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+
+            async def reaper() -> None:
+                while True:
+                    await anyio.sleep(settings.reap_interval)
+                    try:
+                        await service.reap()
+                    except Exception:  # a failed sweep must not end the sweeps
+                        log.exception("reaping expired sandboxes")
+
+            tg.start_soon(reaper)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await service.close()
+
+    app = FastAPI(
+        title="AgentNest",
+        version=__version__,
+        description=(
+            "Disposable, policy-controlled sandboxes over HTTP.  Every call but /v1/health needs "
+            "`Authorization: Bearer <token>`; a token's ceiling bounds what it may ask for.  "
+            "The websocket /v1/sandboxes/{id}/channel (not listed here) carries the raw agent "
+            "protocol for the `remote` backend; see docs/server.md."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, upload_limit=settings.max_upload_bytes)
+
+    # -- errors ------------------------------------------------------------------
+
+    @app.exception_handler(AgentNestError)
+    async def agentnest_error(request: Request, exc: AgentNestError) -> JSONResponse:
+        code = s.error_code(exc)
+        status = s.ERROR_CODES[code][0]
+        if status >= 500:
+            log.warning("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+        return _error_response(status, code, str(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        code = (
+            exc.code
+            if isinstance(exc, _Refused)
+            else {404: "not_found", 405: "invalid"}.get(exc.status_code, "invalid")
+        )
+        if exc.status_code in (204, 304):
+            return Response(status_code=exc.status_code, headers=exc.headers)
+        return _error_response(exc.status_code, code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Never a traceback to the client; the log has it.
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error_response(500, "error", "internal server error (the server log has the details)")
+
+    # -- auth --------------------------------------------------------------------
+
+    bearer = HTTPBearer(auto_error=False, description="a token from `agentnest serve token create`")
+
+    def authenticate(header_value: str | None) -> Token:
+        if not header_value:
+            raise _Refused(
+                401,
+                "unauthorized",
+                "missing bearer token: send 'Authorization: Bearer <token>'",
+                {"WWW-Authenticate": _WWW_AUTHENTICATE},
+            )
+        try:
+            return settings.tokens.authenticate(header_value)
+        except AuthError as exc:
+            raise _Refused(
+                401,
+                "unauthorized",
+                str(exc),
+                {"WWW-Authenticate": f'{_INVALID_TOKEN}, error_description="{exc}"'},
+            ) from None
+
+    async def current_token(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Token:
+        return authenticate(credentials.credentials if credentials is not None else None)
+
+    TokenDep = Annotated[Token, Depends(current_token)]
+    SandboxId = Annotated[str, PathParam(min_length=1, max_length=64)]
+    errors: dict[int | str, dict[str, Any]] = {
+        code: {"model": s.ErrorOut} for code in (400, 401, 403, 404, 409, 410, 413, 429)
+    }
+
+    async def owned(token: Token, sandbox_id: str) -> _Entry:
+        entry = service.get(token, sandbox_id)
+        if entry.sandbox.deadline <= time.time():
+            await service.destroy(entry)
+            raise _Refused(404, "not_found", f"no sandbox {sandbox_id!r:.80} for this token")
+        return entry
+
+    # -- routes: server ------------------------------------------------------------
+
+    @app.get("/v1/health", response_model=s.HealthOut, tags=["server"])
+    async def health() -> s.HealthOut:
+        """Liveness (no token needed, tells nothing about sandboxes)."""
+        return s.HealthOut(status="ok", version=__version__)
+
+    @app.get("/v1/info", response_model=s.InfoOut, responses=errors, tags=["server"])
+    async def info(token: TokenDep) -> s.InfoOut:
+        """The server's backends and image, and this token's ceiling."""
+        allowed = token.ceiling.backends or (service.default_backend,)
+        return s.InfoOut(
+            version=__version__,
+            token_id=token.id,
+            token_name=token.name,
+            default_image=service.image,
+            backends=[
+                s.BackendOut(
+                    name=name,
+                    oci_runtime=backend.oci_runtime,
+                    capabilities=sorted(c.value for c in backend.capabilities()),
+                    default=name == service.default_backend,
+                )
+                for name, backend in service.backends.items()
+                if name in allowed
+            ],
+            ceiling=token.ceiling.to_dict(),
+            max_body_bytes=settings.max_body_bytes,
+            max_upload_bytes=settings.max_upload_bytes,
+        )
+
+    # -- routes: sandboxes -----------------------------------------------------------
+
+    @app.post(
+        "/v1/sandboxes", status_code=201, response_model=s.SandboxOut, responses=errors, tags=["sandboxes"]
+    )
+    async def create_sandbox(token: TokenDep, body: s.CreateSandbox) -> s.SandboxOut:
+        """Create a sandbox within the token's ceiling."""
+        entry = await service.create(token, body)
+        return await service.describe(entry)
+
+    @app.get("/v1/sandboxes", response_model=s.SandboxList, responses=errors, tags=["sandboxes"])
+    async def list_sandboxes(token: TokenDep) -> s.SandboxList:
+        """This token's live sandboxes."""
+        await service.reap()
+        mine = sorted(
+            (e for e in service.entries.values() if e.token_id == token.id), key=lambda e: e.created
+        )
+        described = [await service.describe(e) for e in mine]
+        return s.SandboxList(
+            sandboxes=described,
+            max_sandboxes=token.ceiling.max_sandboxes,
+            available=max(0, token.ceiling.max_sandboxes - service.count(token.id)),
+        )
+
+    @app.get("/v1/sandboxes/{sandbox_id}", response_model=s.SandboxOut, responses=errors, tags=["sandboxes"])
+    async def get_sandbox(token: TokenDep, sandbox_id: SandboxId) -> s.SandboxOut:
+        """One sandbox of this token."""
+        return await service.describe(await owned(token, sandbox_id))
+
+    @app.delete("/v1/sandboxes/{sandbox_id}", response_model=s.Deleted, responses=errors, tags=["sandboxes"])
+    async def delete_sandbox(token: TokenDep, sandbox_id: SandboxId) -> s.Deleted:
+        """Destroy a sandbox and everything in it."""
+        entry = service.get(token, sandbox_id)
+        await service.destroy(entry)
+        return s.Deleted(id=sandbox_id, destroyed=True)
+
+    @app.post(
+        "/v1/sandboxes/{sandbox_id}/extend", response_model=s.ExtendOut, responses=errors, tags=["sandboxes"]
+    )
+    async def extend(token: TokenDep, sandbox_id: SandboxId, body: s.ExtendIn) -> s.ExtendOut:
+        """Move the deadline later (the whole lifetime stays within the token's max_timeout)."""
+        entry = await owned(token, sandbox_id)
+        return s.ExtendOut(deadline=await entry.sandbox.extend(body.seconds))
+
+    @app.get(
+        "/v1/sandboxes/{sandbox_id}/logs", response_model=s.LogsOut, responses=errors, tags=["sandboxes"]
+    )
+    async def logs(
+        token: TokenDep, sandbox_id: SandboxId, tail: Annotated[int, Query(ge=1, le=10000)] = 200
+    ) -> s.LogsOut:
+        """The sandbox's own diagnostics (redacted)."""
+        entry = await owned(token, sandbox_id)
+        return s.LogsOut(logs=await entry.sandbox.logs(tail))
+
+    @app.get(
+        "/v1/sandboxes/{sandbox_id}/network-log",
+        response_model=s.NetworkLogOut,
+        responses=errors,
+        tags=["sandboxes"],
+    )
+    async def network_log(token: TokenDep, sandbox_id: SandboxId) -> s.NetworkLogOut:
+        """Every connection an allowlist sandbox tried through its egress proxy (redacted)."""
+        entry = await owned(token, sandbox_id)
+        return s.NetworkLogOut(events=await entry.sandbox.network_log())
+
+    @app.post(
+        "/v1/sandboxes/{sandbox_id}/fork",
+        status_code=201,
+        response_model=s.SandboxOut,
+        responses=errors,
+        tags=["sandboxes"],
+    )
+    async def fork(token: TokenDep, sandbox_id: SandboxId, body: s.ForkIn | None = None) -> s.SandboxOut:
+        """Branch a sandbox into a new one of this token (counts against max_sandboxes)."""
+        entry = await owned(token, sandbox_id)
+        async with service.slot(token):
+            child = await entry.sandbox.fork(timeout=body.timeout if body is not None else None)
+            new = await service.adopt(token, child, entry.backend_name)
+        return await service.describe(new)
+
+    # -- routes: commands ---------------------------------------------------------------
+
+    @app.post(
+        "/v1/sandboxes/{sandbox_id}/exec", response_model=s.ExecOut, responses=errors, tags=["commands"]
+    )
+    async def exec_command(token: TokenDep, sandbox_id: SandboxId, body: ExecRequest) -> s.ExecOut:
+        """Run a command and wait for it.  A timeout is an outcome (``timed_out``), not an error."""
+        sandbox = (await owned(token, sandbox_id)).sandbox
+        argv = _command_argv(body)
+        try:
+            if argv is not None:
+                result = await sandbox.exec(
+                    argv, timeout=body.timeout, env=body.env, cwd=body.cwd, input=body.stdin
+                )
+            else:
+                assert body.python is not None
+                result = await sandbox.exec_python(
+                    body.python, timeout=body.timeout, env=body.env, cwd=body.cwd, input=body.stdin
+                )
+        except ExecutionTimeoutError as exc:
+            if not isinstance(exc.result, ExecutionResult):
+                raise
+            result = exc.result
+        return _exec_out(result)
+
+    @app.post(
+        "/v1/sandboxes/{sandbox_id}/exec/stream",
+        responses={
+            **errors,
+            200: {"content": {"text/event-stream": {}}, "description": "server-sent events"},
+        },
+        response_class=StreamingResponse,
+        tags=["commands"],
+    )
+    async def exec_stream(token: TokenDep, sandbox_id: SandboxId, body: ExecRequest) -> StreamingResponse:
+        """Run a command and stream its output as server-sent events.
+
+        Events: ``stdout`` and ``stderr`` (``{"data": text}``) as output
+        arrives, then one ``exit`` (the same object as ``/exec`` returns) or
+        ``error`` (``{"detail", "code"}``).  A client that disconnects kills
+        the command's process tree.
+        """
+        sandbox = (await owned(token, sandbox_id)).sandbox
+        argv = _command_argv(body)
+        if argv is not None:
+            stream = sandbox.stream_exec(
+                argv, timeout=body.timeout, env=body.env, cwd=body.cwd, input=body.stdin
+            )
+        else:
+            if body.stdin is not None:
+                raise ConfigurationError("stdin cannot be given with python for a stream; use argv")
+            assert body.python is not None
+            stream = sandbox.stream_python(body.python, timeout=body.timeout, env=body.env, cwd=body.cwd)
+        # Started here, so that a refused command is an HTTP error, not an event.
+        await stream.__aenter__()
+        return StreamingResponse(
+            _sse(stream), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
+        )
+
+    # -- routes: sessions ------------------------------------------------------------------
+
+    @app.post(
+        "/v1/sandboxes/{sandbox_id}/sessions",
+        status_code=201,
+        response_model=s.SessionOut,
+        responses=errors,
+        tags=["sessions"],
+    )
+    async def open_session(token: TokenDep, sandbox_id: SandboxId) -> s.SessionOut:
+        """Start a persistent Python interpreter."""
+        entry = await owned(token, sandbox_id)
+        if len(entry.sessions) >= MAX_SESSIONS:
+            raise _Refused(429, "quota", f"a sandbox has at most {MAX_SESSIONS} sessions; close one first")
+        session = await entry.sandbox.python_session()
+        entry.sessions[session.id] = session
+        return s.SessionOut(id=session.id)
+
+    def session_of(entry: _Entry, session_id: str) -> AsyncPythonSession:
+        session = entry.sessions.get(session_id)
+        if session is None:
+            raise _Refused(404, "not_found", f"no session {session_id!r:.80} in this sandbox")
+        return session
+
+    @app.post(
+        "/v1/sandboxes/{sandbox_id}/sessions/{session_id}/run",
+        response_model=s.SessionRunOut,
+        responses=errors,
+        tags=["sessions"],
+    )
+    async def run_session(
+        token: TokenDep, sandbox_id: SandboxId, session_id: SandboxId, body: s.SessionRunIn
+    ) -> s.SessionRunOut:
+        """Run code in the session; the trailing expression's repr is ``result``."""
+        session = session_of(await owned(token, sandbox_id), session_id)
+        try:
+            result = await session.run(body.code, timeout=body.timeout)
+        except ExecutionTimeoutError as exc:
+            if exc.result is None or isinstance(exc.result, ExecutionResult):
+                raise
+            result = exc.result
+        return s.SessionRunOut(
+            ok=result.ok, stdout=result.stdout, stderr=result.stderr, error=result.error, result=result.result
+        )
+
+    @app.delete(
+        "/v1/sandboxes/{sandbox_id}/sessions/{session_id}",
+        response_model=s.Deleted,
+        responses=errors,
+        tags=["sessions"],
+    )
+    async def close_session(token: TokenDep, sandbox_id: SandboxId, session_id: SandboxId) -> s.Deleted:
+        """Stop the session's interpreter."""
+        entry = await owned(token, sandbox_id)
+        session = session_of(entry, session_id)
+        del entry.sessions[session_id]
+        await session.close()
+        return s.Deleted(id=session_id, destroyed=True)
+
+    # -- routes: files ------------------------------------------------------------------------
+
+    @app.get("/v1/sandboxes/{sandbox_id}/files", response_model=s.FileList, responses=errors, tags=["files"])
+    async def list_files(
+        token: TokenDep,
+        sandbox_id: SandboxId,
+        path: Annotated[str, Query(min_length=1, max_length=4096)] = ".",
+        recursive: bool = False,
+    ) -> s.FileList:
+        """List a workspace directory (links are listed, never followed; at most 10000 entries)."""
+        entry = await owned(token, sandbox_id)
+        infos = await entry.sandbox.list_files(path, recursive=recursive)
+        return s.FileList(
+            entries=[
+                s.FileEntry(path=i.path, type=i.type, size=i.size, mode=i.mode, mtime=i.mtime) for i in infos
+            ]
+        )
+
+    FilePath = Annotated[str, PathParam(min_length=1, max_length=4096)]
+
+    @app.get(
+        "/v1/sandboxes/{sandbox_id}/files/{path:path}",
+        responses={**errors, 200: {"content": {"application/octet-stream": {}}, "description": "the bytes"}},
+        response_class=Response,
+        tags=["files"],
+    )
+    async def read_file(token: TokenDep, sandbox_id: SandboxId, path: FilePath) -> Response:
+        """A workspace file's bytes, as they are (up to the policy's max_file_bytes)."""
+        entry = await owned(token, sandbox_id)
+        data = await entry.sandbox.read_file(path, encoding=None)
+        return Response(bytes(data), media_type="application/octet-stream")
+
+    @app.put(
+        "/v1/sandboxes/{sandbox_id}/files/{path:path}",
+        status_code=204,
+        responses=errors,
+        tags=["files"],
+        response_class=Response,
+        openapi_extra={
+            "requestBody": {
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+            }
+        },
+    )
+    async def write_file(
+        token: TokenDep, sandbox_id: SandboxId, path: FilePath, request: Request
+    ) -> Response:
+        """Write the request body to a workspace file (parents created, atomically replaced)."""
+        entry = await owned(token, sandbox_id)
+        data = await request.body()
+        await entry.sandbox.write_file(path, data)
+        return Response(status_code=204)
+
+    @app.delete(
+        "/v1/sandboxes/{sandbox_id}/files/{path:path}",
+        status_code=204,
+        responses=errors,
+        tags=["files"],
+        response_class=Response,
+    )
+    async def remove_file(
+        token: TokenDep, sandbox_id: SandboxId, path: FilePath, recursive: bool = False
+    ) -> Response:
+        """Remove a workspace file (a directory tree with ``recursive=true``)."""
+        entry = await owned(token, sandbox_id)
+        await entry.sandbox.remove_file(path, recursive=recursive)
+        return Response(status_code=204)
+
+    # -- routes: snapshots -----------------------------------------------------------------------
+
+    @app.get(
+        "/v1/sandboxes/{sandbox_id}/snapshot",
+        responses={**errors, 200: {"content": {"application/x-tar": {}}, "description": "the snapshot tar"}},
+        response_class=StreamingResponse,
+        tags=["snapshots"],
+    )
+    async def snapshot(token: TokenDep, sandbox_id: SandboxId, compress: bool = False) -> StreamingResponse:
+        """The workspace as a snapshot tar (gzip with ``compress=true``), streamed.
+
+        Staged in the server's private directory and removed once sent: a
+        client never names a path on the server.
+        """
+        entry = await owned(token, sandbox_id)
+        target = service.work_dir / f"snapshot-{uuid.uuid4().hex}.tar"
+        try:
+            meta = await entry.sandbox.snapshot(target, compress=compress)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+        return StreamingResponse(
+            _file_chunks(target),
+            media_type="application/gzip" if compress else "application/x-tar",
+            headers={"X-AgentNest-SHA256": meta.sha256, "Content-Length": str(meta.size)},
+        )
+
+    @app.post(
+        "/v1/sandboxes/{sandbox_id}/restore",
+        response_model=s.RestoreOut,
+        responses=errors,
+        tags=["snapshots"],
+        openapi_extra={
+            "requestBody": {
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+            }
+        },
+    )
+    async def restore(token: TokenDep, sandbox_id: SandboxId, request: Request) -> s.RestoreOut:
+        """Replace the workspace with the snapshot tar in the body (checked member by member)."""
+        entry = await owned(token, sandbox_id)
+        target = service.work_dir / f"restore-{uuid.uuid4().hex}.tar"
+        try:
+            async with await anyio.open_file(target, "wb") as out:
+                async for chunk in request.stream():
+                    await out.write(chunk)
+            meta = await entry.sandbox.restore(target)
+        finally:
+            target.unlink(missing_ok=True)
+        return s.RestoreOut(image=meta.image or None, files=meta.files, size=meta.size, sha256=meta.sha256)
+
+    # -- the raw agent channel (the remote backend) ----------------------------------------------
+
+    @app.websocket("/v1/sandboxes/{sandbox_id}/channel")
+    async def channel(websocket: WebSocket, sandbox_id: str) -> None:
+        """Carry the agent protocol between the client and a new agent in the sandbox.
+
+        Only bytes pass: the server does not interpret them.  The sandbox is
+        the boundary (the client could run the same code with /exec); what the
+        server enforces is who may reach which sandbox, and the ceiling it was
+        created under.  When either side goes away the agent's stream is
+        closed, and the agent kills every command it started.
+        """
+        header = websocket.headers.get("authorization", "")
+        scheme, _, credential = header.partition(" ")
+        try:
+            if scheme.lower() != "bearer":
+                raise _Refused(401, "unauthorized", "missing bearer token")
+            token = authenticate(credential.strip())
+            entry = await owned(token, sandbox_id)
+        except _Refused as exc:
+            # Policy violation; the handshake fails with 403 and nothing is said
+            # about whether the sandbox exists.
+            await websocket.close(code=1008, reason=str(exc.detail)[:120])
+            return
+        if entry.channels >= MAX_CHANNELS:
+            await websocket.close(code=1013, reason=f"at most {MAX_CHANNELS} channels per sandbox")
+            return
+        entry.channels += 1
+        try:
+            await _pump(websocket, entry)
+        finally:
+            entry.channels -= 1
+
+    return app
+
+
+async def _pump(websocket: WebSocket, entry: _Entry) -> None:
+    sandbox = entry.sandbox
+    backend = sandbox.backend
+    handle = _handle_of(sandbox)
+    try:
+        stream = await anyio.to_thread.run_sync(backend.open_channel, handle)
+    except AgentNestError as exc:
+        await websocket.close(code=1011, reason=str(exc)[:120])
+        return
+    try:
+        await websocket.accept()
+        async with anyio.create_task_group() as tg:
+
+            async def from_agent() -> None:
+                try:
+                    while True:
+                        data = await anyio.to_thread.run_sync(stream.read, 1 << 20, abandon_on_cancel=True)
+                        if not data:
+                            break
+                        await websocket.send_bytes(data)
+                except (OSError, WebSocketDisconnect, RuntimeError):
+                    pass  # either side went away: closing below ends the other
+                tg.cancel_scope.cancel()
+
+            async def to_agent() -> None:
+                try:
+                    while True:
+                        message = await websocket.receive()
+                        if message["type"] == "websocket.disconnect":
+                            break
+                        data = message.get("bytes")
+                        if data is None:
+                            break  # text frames are not part of the protocol
+                        await anyio.to_thread.run_sync(stream.write, data)
+                except (OSError, WebSocketDisconnect, RuntimeError):
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(from_agent)
+            tg.start_soon(to_agent)
+    finally:
+        with anyio.CancelScope(shield=True):
+            # The agent sees end-of-file and kills every command it started.
+            await anyio.to_thread.run_sync(stream.close)
+            try:
+                await websocket.close()
+            except (RuntimeError, OSError, WebSocketDisconnect):
+                pass  # already closed by the client
+
+
+async def _sse(stream: AsyncExecutionStream) -> AsyncIterator[bytes]:
+    def event(name: str, data: Mapping[str, Any]) -> bytes:
+        return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+    try:
+        try:
+            async for chunk in stream:
+                yield event(chunk.stream, {"data": chunk.data})
+            assert stream.result is not None
+            yield event("exit", _exec_out(stream.result).model_dump())
+        except ExecutionTimeoutError as exc:
+            if isinstance(exc.result, ExecutionResult):
+                yield event("exit", _exec_out(exc.result).model_dump())
+            else:
+                yield event("error", {"detail": str(exc), "code": s.error_code(exc)})
+        except AgentNestError as exc:
+            yield event("error", {"detail": str(exc), "code": s.error_code(exc)})
+    finally:
+        # Also on cancellation (the client went away): kill the command's tree.
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+async def _file_chunks(path: Path, chunk: int = 1 << 20) -> AsyncIterator[bytes]:
+    try:
+        async with await anyio.open_file(path, "rb") as f:
+            while True:
+                data = await f.read(chunk)
+                if not data:
+                    break
+                yield data
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def openapi_document(app: FastAPI) -> str:
+    """The OpenAPI document as published in docs/openapi.json (stable key order, newline at the end)."""
+    return json.dumps(app.openapi(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+__all__ = [
+    "DEFAULT_MAX_BODY",
+    "DEFAULT_MAX_UPLOAD",
+    "BodyLimit",
+    "ServerSettings",
+    "Service",
+    "create_app",
+    "openapi_document",
+]

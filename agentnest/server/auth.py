@@ -1,0 +1,377 @@
+"""Bearer tokens for ``agentnest serve``: a file of hashed tokens, each with a policy ceiling.
+
+A token's secret is ``ant_<id>_<random>``: 32 random bytes from
+:mod:`secrets`, shown once when it is created and never stored.  The token
+file keeps only its SHA-256.  A fast hash is enough here because the secret
+is high-entropy random data (no password to brute-force); the id in the
+secret only finds the record, and the hash is compared with
+:func:`hmac.compare_digest` (constant time), so neither the lookup nor the
+comparison tells an attacker how much of a guess was right.
+
+The file is JSON, written atomically with mode 0600, and re-read whenever it
+changes on disk, so ``agentnest serve token revoke`` takes effect on a
+running server without a restart.
+
+This module imports no web framework: the command line manages tokens
+without the ``server`` extra.
+
+.. versionadded:: 0.4.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import hashlib
+import hmac
+import json
+import math
+import os
+import re
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..config import format_size, parse_size
+from ..errors import ConfigurationError
+from ..policy import NetworkMode
+
+#: The prefix of every secret, so that leaked tokens are easy to find (secret scanners).
+PREFIX = "ant_"
+_ID = re.compile(r"^[a-z0-9]{12}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+_SECRET = re.compile(r"^ant_([a-z0-9]{12})_([A-Za-z0-9_-]{43})$")
+_FILE_VERSION = 1
+
+
+def default_token_file() -> Path:
+    """``$AGENTNEST_TOKEN_FILE``, else ``$XDG_CONFIG_HOME/agentnest/tokens.json``."""
+    explicit = os.environ.get("AGENTNEST_TOKEN_FILE")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join("~", ".config")
+    return Path(base).expanduser() / "agentnest" / "tokens.json"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ceiling:
+    """The most a token may ask for.  A request may narrow any of it, never widen it.
+
+    Every request is checked against it and refused (HTTP 403) when it asks
+    for more; nothing is silently clamped.
+    """
+
+    backends: tuple[str, ...] = ()
+    """Server backends the token may use; empty means the server's default backend only."""
+    images: tuple[str, ...] = ()
+    """Glob patterns of images; empty means the server's default image only (a client
+    must not make the host pull and run arbitrary images)."""
+    max_sandboxes: int = 4
+    """Live sandboxes of this token at once."""
+    max_memory: int = 512 * 1024 * 1024
+    max_cpus: float = 1.0
+    max_pids: int = 256
+    max_timeout: float = 3600.0
+    """Longest lifetime (seconds) a sandbox may have, extensions included."""
+    max_workspace: int = 256 * 1024 * 1024
+    max_output_bytes: int = 10_000_000
+    max_file_bytes: int = 64 * 1024 * 1024
+    network: tuple[str, ...] = ("denied",)
+    """Network modes the token may ask for (``denied``, ``allowlist``, ``open``)."""
+    domains: tuple[str, ...] = ()
+    """Glob patterns that every domain of an allowlist must match."""
+    writable_root: bool = False
+    """Whether a sandbox may ask for a writable root filesystem."""
+
+    def __post_init__(self) -> None:
+        for name in ("backends", "images", "network", "domains"):
+            value: object = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                raise ConfigurationError(f"ceiling {name} must be a list of strings")
+            if not all(isinstance(v, str) and v.strip() for v in value):
+                raise ConfigurationError(f"ceiling {name} must hold non-empty strings")
+            object.__setattr__(self, name, tuple(value))
+        for mode in self.network:
+            try:
+                NetworkMode(mode)
+            except ValueError:
+                raise ConfigurationError(
+                    f"ceiling network mode {mode!r} is unknown; use denied, allowlist or open"
+                ) from None
+        count = self.max_sandboxes
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 10_000:
+            raise ConfigurationError(f"max_sandboxes={count!r} must be an integer from 0 to 10000")
+        for name in ("max_memory", "max_workspace", "max_file_bytes", "max_output_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, parse_size(value, name))
+            elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigurationError(f"{name}={value!r} must be a positive size")
+        for name in ("max_cpus", "max_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigurationError(f"{name}={value!r} must be a positive number")
+            object.__setattr__(self, name, float(value))
+        pids = self.max_pids
+        if isinstance(pids, bool) or not isinstance(pids, int) or pids <= 0:
+            raise ConfigurationError(f"max_pids={pids!r} must be a positive integer")
+        if not isinstance(self.writable_root, bool):
+            raise ConfigurationError("writable_root must be true or false")
+
+    def allows_image(self, image: str, default_image: str) -> bool:
+        if not self.images:
+            return image == default_image
+        return any(fnmatch.fnmatchcase(image, p) for p in self.images)
+
+    def allows_domain(self, domain: str) -> bool:
+        return any(fnmatch.fnmatchcase(domain, p) for p in self.domains)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for name in ("backends", "images", "network", "domains"):
+            data[name] = list(data[name])
+        return data
+
+    def describe(self) -> str:
+        """One line for ``token list``."""
+        return (
+            f"sandboxes<={self.max_sandboxes} memory<={format_size(self.max_memory)} "
+            f"cpus<={self.max_cpus:g} pids<={self.max_pids} lifetime<={self.max_timeout:g}s "
+            f"network={','.join(self.network)} backends={','.join(self.backends) or '(default)'} "
+            f"images={','.join(self.images) or '(default)'}"
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Ceiling:
+        if not isinstance(data, Mapping):
+            raise ConfigurationError("a token's ceiling must be an object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigurationError(f"unknown ceiling fields {sorted(unknown)}")
+        return cls(**dict(data))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Token:
+    """One token as stored (no secret)."""
+
+    id: str
+    name: str
+    sha256: str
+    created: float
+    expires: float | None
+    ceiling: Ceiling
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires is not None and (now if now is not None else time.time()) >= self.expires
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "sha256": self.sha256,
+            "created": self.created,
+            "expires": self.expires,
+            "ceiling": self.ceiling.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Token:
+        try:
+            token = cls(
+                id=str(data["id"]),
+                name=str(data["name"]),
+                sha256=str(data["sha256"]),
+                created=float(data["created"]),
+                expires=None if data.get("expires") is None else float(data["expires"]),
+                ceiling=Ceiling.from_dict(data.get("ceiling", {})),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigurationError(f"invalid token record: {exc}") from None
+        if not _ID.fullmatch(token.id) or not re.fullmatch(r"[0-9a-f]{64}", token.sha256):
+            raise ConfigurationError(f"invalid token record {token.id!r:.40}")
+        return token
+
+
+class AuthError(Exception):
+    """Why a bearer credential was refused (becomes HTTP 401)."""
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+class TokenStore:
+    """The token file: create, list, revoke, authenticate.  Thread-safe.
+
+    Example::
+
+        store = TokenStore(Path("tokens.json"))
+        token, secret = store.create("ci", Ceiling(max_memory=1 << 30))
+        assert store.authenticate(secret).id == token.id
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path).expanduser()
+        self._lock = threading.Lock()
+        self._tokens: dict[str, Token] = {}
+        self._stamp: tuple[int, int, int] | None = None
+
+    # -- file ------------------------------------------------------------------
+
+    def _load(self) -> None:
+        """Re-read the file if it changed (revocations apply to a running server)."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            self._tokens, self._stamp = {}, None
+            return
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._stamp:
+            return
+        try:
+            doc = json.loads(self.path.read_text("utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigurationError(f"{self.path}: not a token file ({exc})") from None
+        if not isinstance(doc, dict) or doc.get("version") != _FILE_VERSION:
+            raise ConfigurationError(f"{self.path}: not a version {_FILE_VERSION} token file")
+        records = doc.get("tokens")
+        if not isinstance(records, list):
+            raise ConfigurationError(f"{self.path}: 'tokens' must be a list")
+        tokens = {}
+        for record in records:
+            token = Token.from_dict(record)
+            tokens[token.id] = token
+        self._tokens, self._stamp = tokens, stamp
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        doc = {"version": _FILE_VERSION, "tokens": [t.to_dict() for t in self._tokens.values()]}
+        fd, tmp = tempfile.mkstemp(prefix=".tokens-", dir=self.path.parent)
+        try:
+            # 0600: the hashes are not secrets, but the ceilings are the operator's business.
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self._stamp = None  # re-read (and re-stamp) on the next access
+
+    # -- operations ------------------------------------------------------------
+
+    def create(
+        self, name: str, ceiling: Ceiling | None = None, *, expires_in: float | None = None
+    ) -> tuple[Token, str]:
+        """Add a token; return it and its secret (the only time the secret exists)."""
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ConfigurationError(
+                f"token name {name!r:.80} must be 1-64 letters, digits, '.', '_', '@' or '-'"
+            )
+        if expires_in is not None and (
+            isinstance(expires_in, bool) or not isinstance(expires_in, (int, float)) or not expires_in > 0
+        ):
+            raise ConfigurationError(f"expires_in={expires_in!r} must be a positive number of seconds")
+        with self._lock:
+            self._load()
+            if any(t.name == name for t in self._tokens.values()):
+                raise ConfigurationError(
+                    f"a token named {name!r} exists; revoke it first or pick another name"
+                )
+            token_id = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12))
+            secret = f"{PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+            now = time.time()
+            token = Token(
+                id=token_id,
+                name=name,
+                sha256=_digest(secret),
+                created=now,
+                expires=None if expires_in is None else now + float(expires_in),
+                ceiling=ceiling or Ceiling(),
+            )
+            self._tokens[token_id] = token
+            self._save()
+        return token, secret
+
+    def list(self) -> list[Token]:
+        with self._lock:
+            self._load()
+            return sorted(self._tokens.values(), key=lambda t: t.created)
+
+    def revoke(self, key: str) -> Token:
+        """Remove the token with this id or name."""
+        with self._lock:
+            self._load()
+            found = self._tokens.get(key) or next((t for t in self._tokens.values() if t.name == key), None)
+            if found is None:
+                raise ConfigurationError(f"no token with id or name {key!r:.80} in {self.path}")
+            del self._tokens[found.id]
+            self._save()
+        return found
+
+    def get(self, token_id: str) -> Token | None:
+        with self._lock:
+            self._load()
+            return self._tokens.get(token_id)
+
+    def authenticate(self, secret: str, now: float | None = None) -> Token:
+        """The token whose secret this is.
+
+        Raises:
+            AuthError: unknown, malformed, revoked or expired.
+        """
+        match = _SECRET.fullmatch(secret) if isinstance(secret, str) else None
+        with self._lock:
+            self._load()
+            token = self._tokens.get(match.group(1)) if match else None
+        # Compare against a hash in every case, so an unknown id costs the same as a wrong secret.
+        expected = token.sha256 if token is not None else "0" * 64
+        good = hmac.compare_digest(_digest(secret if isinstance(secret, str) else ""), expected)
+        if token is None or not good:
+            raise AuthError("unknown or revoked token")
+        if token.expired(now):
+            raise AuthError("the token expired; ask the operator for a new one")
+        return token
+
+
+def parse_ceiling_options(
+    *,
+    backends: Iterable[str] = (),
+    images: Iterable[str] = (),
+    max_sandboxes: int | None = None,
+    max_memory: str | int | None = None,
+    max_cpus: float | None = None,
+    max_pids: int | None = None,
+    max_timeout: float | None = None,
+    network: Iterable[str] = (),
+    domains: Iterable[str] = (),
+    writable_root: bool = False,
+) -> Ceiling:
+    """A :class:`Ceiling` from command-line style options (None keeps the default)."""
+    fields: dict[str, Any] = {"backends": tuple(backends), "images": tuple(images)}
+    for name, value in (
+        ("max_sandboxes", max_sandboxes),
+        ("max_memory", max_memory),
+        ("max_cpus", max_cpus),
+        ("max_pids", max_pids),
+        ("max_timeout", max_timeout),
+    ):
+        if value is not None:
+            fields[name] = value
+    if network:
+        fields["network"] = tuple(network)
+    fields["domains"] = tuple(domains)
+    fields["writable_root"] = writable_root
+    return Ceiling(**fields)
+
+
+__all__ = ["PREFIX", "AuthError", "Ceiling", "Token", "TokenStore", "default_token_file"]

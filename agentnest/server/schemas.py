@@ -1,0 +1,340 @@
+"""Wire models of the HTTP API, shared by ``server/app.py`` and ``runtime/remote.py``.
+
+Pydantic lives here and nowhere else in AgentNest.  Request models forbid
+unknown fields (a typo is an error, never silently ignored) and bound every
+string and list, so a client cannot make the server allocate without limit
+before a handler even runs.
+
+Errors travel as ``{"detail": message, "code": code}`` with a stable code
+from :data:`ERROR_CODES`; the client rebuilds the exception from that closed
+table and never imports a class a peer names.
+
+.. versionadded:: 0.4.0
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import (
+    AgentNestError,
+    AuditError,
+    BackendError,
+    ChannelError,
+    ConfigurationError,
+    ExecutionError,
+    ExecutionTimeoutError,
+    FileAccessError,
+    ImageNotFoundError,
+    MissingDependencyError,
+    PolicyDeniedError,
+    RuntimeNotAvailableError,
+    SandboxDestroyedError,
+    SessionLostError,
+    SnapshotError,
+    UnsupportedCapabilityError,
+    VerificationError,
+)
+
+#: Error code -> (HTTP status, exception class rebuilt by the client).  Closed:
+#: anything else a server sends becomes a plain AgentNestError.  The order
+#: matters for :func:`error_code`: subclasses come before their bases.
+ERROR_CODES: dict[str, tuple[int, type[AgentNestError]]] = {
+    "invalid": (400, ConfigurationError),
+    "not_found": (404, AgentNestError),
+    "file_not_found": (404, FileAccessError),
+    "file_refused": (400, FileAccessError),
+    "snapshot_refused": (400, SnapshotError),
+    "policy_denied": (403, PolicyDeniedError),
+    "quota": (429, PolicyDeniedError),
+    "unsupported": (409, UnsupportedCapabilityError),
+    "gone": (410, SandboxDestroyedError),
+    "session_lost": (409, SessionLostError),
+    "timeout": (408, ExecutionTimeoutError),
+    "execution": (400, ExecutionError),
+    "image_not_found": (400, ImageNotFoundError),
+    "verification": (409, VerificationError),
+    "runtime_unavailable": (503, RuntimeNotAvailableError),
+    "backend": (502, BackendError),
+    "channel": (502, ChannelError),
+    "missing_dependency": (501, MissingDependencyError),
+    "audit": (500, AuditError),
+    "too_large": (413, ConfigurationError),
+    "unauthorized": (401, AgentNestError),
+    "error": (500, AgentNestError),
+}
+
+
+def error_code(exc: AgentNestError) -> str:
+    """The stable wire code of an AgentNest error."""
+    if isinstance(exc, FileAccessError):
+        return "file_not_found" if exc.code == "not_found" else "file_refused"
+    table: tuple[tuple[type[AgentNestError], str], ...] = (
+        (ImageNotFoundError, "image_not_found"),
+        (RuntimeNotAvailableError, "runtime_unavailable"),
+        (BackendError, "backend"),
+        (ConfigurationError, "invalid"),
+        (PolicyDeniedError, "policy_denied"),
+        (UnsupportedCapabilityError, "unsupported"),
+        (SandboxDestroyedError, "gone"),
+        (SessionLostError, "session_lost"),
+        (ExecutionTimeoutError, "timeout"),
+        (ExecutionError, "execution"),
+        (SnapshotError, "snapshot_refused"),
+        (VerificationError, "verification"),
+        (ChannelError, "channel"),
+        (MissingDependencyError, "missing_dependency"),
+        (AuditError, "audit"),
+    )
+    for cls, code in table:
+        if isinstance(exc, cls):
+            return code
+    return "error"
+
+
+def rebuild_error(code: object, message: str) -> AgentNestError:
+    """The exception for a wire error (client side); unknown codes become AgentNestError."""
+    entry = ERROR_CODES.get(code) if isinstance(code, str) else None
+    cls = entry[1] if entry is not None else AgentNestError
+    if cls is FileAccessError:
+        return FileAccessError(message, code="not_found" if code == "file_not_found" else "io")
+    if cls is SnapshotError:
+        return SnapshotError(message)
+    return cls(message)
+
+
+# -- shared field types --------------------------------------------------------------
+
+Size = Annotated[
+    int | str,
+    Field(description="a size such as '512m', '1g' or a byte count", examples=["256m"]),
+]
+Seconds = Annotated[float, Field(gt=0, le=7 * 24 * 3600, description="seconds")]
+EnvName = Annotated[str, Field(min_length=1, max_length=128)]
+EnvValue = Annotated[str, Field(max_length=128 * 1024)]
+ShortText = Annotated[str, Field(min_length=1, max_length=512)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorOut(BaseModel):
+    """An error: a message for people and a stable code for programs."""
+
+    detail: str
+    code: str
+
+
+class NetworkIn(_Request):
+    """The network a sandbox asks for; the token's ceiling decides whether it may."""
+
+    mode: Literal["denied", "allowlist", "open"] = "denied"
+    domains: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(default=[], max_length=256)
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default=[80, 443], max_length=64)
+
+
+class PolicyIn(_Request):
+    """Narrowing of the token's ceiling for one sandbox (never more than it)."""
+
+    max_output_bytes: int | None = Field(default=None, ge=1024, le=1 << 34)
+    max_file_bytes: int | None = Field(default=None, ge=1024, le=1 << 36)
+    require_image_digest: bool = False
+
+
+class CreateSandbox(_Request):
+    """A new sandbox.  Every field is optional: the server's defaults apply."""
+
+    image: ShortText | None = None
+    backend: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+        default=None, description="one of the server's backends the token may use (GET /v1/info)"
+    )
+    timeout: Seconds | None = Field(default=None, description="lifetime in seconds")
+    memory: Size | None = None
+    cpus: float | None = Field(default=None, gt=0, le=1024)
+    pids: int | None = Field(default=None, ge=1, le=1 << 22)
+    workspace_size: Size | None = None
+    scratch_size: Size | None = None
+    workdir: Annotated[str, Field(min_length=1, max_length=256)] = "/workspace"
+    read_only_root: bool = True
+    environment: dict[EnvName, EnvValue] = Field(default={}, max_length=256)
+    secrets: dict[EnvName, EnvValue] = Field(
+        default={}, max_length=64, description="environment values redacted from every output"
+    )
+    secret_files: dict[EnvName, EnvValue] = Field(
+        default={}, max_length=64, description="secrets written to files; NAME_FILE holds the path"
+    )
+    network: NetworkIn = NetworkIn()
+    policy: PolicyIn = PolicyIn()
+
+
+class SandboxOut(BaseModel):
+    """A sandbox of the calling token."""
+
+    id: str
+    image: str
+    backend: str
+    oci_runtime: str | None
+    created: float
+    deadline: float
+    expires_in: float
+    running: bool
+    memory: int
+    cpus: float
+    pids: int
+    network: str
+    read_only_root: bool
+    exit_reason: str | None = None
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[SandboxOut]
+    max_sandboxes: int
+    available: int
+
+
+class ExecIn(_Request):
+    """A command: exactly one of ``argv``, ``shell`` or ``python``."""
+
+    argv: list[Annotated[str, Field(max_length=128 * 1024)]] | None = Field(
+        default=None, min_length=1, max_length=4096
+    )
+    shell: Annotated[str, Field(max_length=1024 * 1024)] | None = None
+    python: Annotated[str, Field(max_length=4 * 1024 * 1024)] | None = None
+    timeout: Seconds | None = None
+    env: dict[EnvName, EnvValue] = Field(default={}, max_length=256)
+    cwd: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    stdin: Annotated[str, Field(max_length=8 * 1024 * 1024)] | None = None
+
+
+class ExecOut(BaseModel):
+    """A finished command (also the ``exit`` event of a stream)."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    ok: bool
+    duration: float
+    timed_out: bool
+    truncated: bool
+    signal: int | None = None
+
+
+class SessionOut(BaseModel):
+    id: str
+
+
+class SessionRunIn(_Request):
+    code: Annotated[str, Field(max_length=4 * 1024 * 1024)]
+    timeout: Seconds | None = None
+
+
+class SessionRunOut(BaseModel):
+    ok: bool
+    stdout: str
+    stderr: str
+    error: str | None
+    result: str | None
+
+
+class FileEntry(BaseModel):
+    path: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+
+
+class FileList(BaseModel):
+    entries: list[FileEntry]
+
+
+class ForkIn(_Request):
+    timeout: Seconds | None = None
+
+
+class ExtendIn(_Request):
+    seconds: Seconds
+
+
+class ExtendOut(BaseModel):
+    deadline: float
+
+
+class RestoreOut(BaseModel):
+    image: str | None
+    files: int | None = None
+    size: int
+    sha256: str
+
+
+class Deleted(BaseModel):
+    id: str
+    destroyed: bool
+
+
+class BackendOut(BaseModel):
+    name: str
+    oci_runtime: str | None
+    capabilities: list[str]
+    default: bool
+
+
+class InfoOut(BaseModel):
+    """What the server offers, and the calling token's ceiling."""
+
+    version: str
+    token_id: str
+    token_name: str
+    default_image: str
+    backends: list[BackendOut]
+    ceiling: dict[str, Any]
+    max_body_bytes: int
+    max_upload_bytes: int
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+    version: str
+
+
+class LogsOut(BaseModel):
+    logs: str
+
+
+class NetworkLogOut(BaseModel):
+    """Connections the sandbox tried through its egress proxy (docs/egress.md), redacted."""
+
+    events: list[dict[str, Any]]
+
+
+__all__ = [
+    "ERROR_CODES",
+    "BackendOut",
+    "CreateSandbox",
+    "Deleted",
+    "ErrorOut",
+    "ExecIn",
+    "ExecOut",
+    "ExtendIn",
+    "ExtendOut",
+    "FileEntry",
+    "FileList",
+    "ForkIn",
+    "HealthOut",
+    "InfoOut",
+    "LogsOut",
+    "NetworkIn",
+    "NetworkLogOut",
+    "PolicyIn",
+    "RestoreOut",
+    "SandboxList",
+    "SandboxOut",
+    "SessionOut",
+    "SessionRunIn",
+    "SessionRunOut",
+    "error_code",
+    "rebuild_error",
+]
