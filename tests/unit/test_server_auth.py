@@ -19,7 +19,7 @@ from agentnest.server.auth import AuthError, Ceiling, TokenStore
 
 def test_secret_is_shown_once_and_stored_hashed(tmp_path: Path) -> None:
     store = TokenStore(tmp_path / "t.json")
-    token, secret = store.create("ci", Ceiling(max_memory="1g"))
+    token, secret = store.create("ci", Ceiling(max_memory=1024**3))
     assert secret.startswith("ant_" + token.id + "_")
     text = (tmp_path / "t.json").read_text()
     assert secret not in text and secret.split("_")[-1] not in text
