@@ -371,7 +371,10 @@ class DockerBackend(RuntimeBackend):
             },
             # No capability at all, and no way to gain one through setuid binaries.
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges:true", f"seccomp={seccomp.profile_json(self._arch())}"],
+            security_opt=[
+                "no-new-privileges:true",
+                f"seccomp={seccomp.profile_json(self._arch(), gvisor=self._is_gvisor())}",
+            ],
             network_mode=self._network_mode(config, topology),
             # With an allowlist, the embedded resolver's only upstream is the
             # proxy's address, where nothing answers DNS: a query for any
