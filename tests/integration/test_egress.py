@@ -112,7 +112,6 @@ print(json.dumps(out))
 """
 
 #: Runs in the sandbox: try every way around the proxy at once; report what got through.
-#: (No threads: this gVisor release cannot start a Python thread, see docs/egress.md.)
 BYPASS = r"""
 import errno, json, select, socket, struct, sys, time
 targets = json.loads(sys.argv[1])

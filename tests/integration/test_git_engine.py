@@ -249,10 +249,10 @@ def test_gvisor_smoke(git_image: str) -> None:
     with Sandbox(git_image, timeout=120, backend="gvisor") as sb:
         sb.exec_shell(SETUP, timeout=60).check()
         repo = GitWorkspace(sb)
-        # A plain path: git copies the objects itself.  Transports (file://, http) need
-        # a thread for the sideband, and this gVisor release starts no threads.
-        with pytest.raises(GitError, match="cannot create async thread"):
-            GitWorkspace(sb, "shallow").clone("file:///workspace/origin.git", depth=1)
+        # Transports (file://, http) need a thread for the sideband: threads start
+        # under gVisor too (the runsc seccomp profile leaves clone3 to gVisor).
+        shallow = GitWorkspace(sb, "shallow").clone("file:///workspace/origin.git", depth=1)
+        assert shallow.branch == "main"
         cloned = repo.clone("/workspace/origin.git")
         assert cloned.branch == "main"
         sb.write_file("repo/calc.py", "changed\n")
