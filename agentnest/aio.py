@@ -70,7 +70,7 @@ from .events import Observer
 from .guard import StreamDecoder
 from .policy import SecurityPolicy
 from .profiles import Profile
-from .runtime.base import RuntimeBackend
+from .runtime.base import RuntimeBackend, SandboxHandle
 from .sandbox import _MAX_INLINE_CODE, Sandbox, _text, with_profile
 from .secrets import Secret
 from .session import PythonSession, SessionResult, SessionStream
@@ -375,6 +375,11 @@ class AsyncSandbox:
     def backend(self) -> RuntimeBackend:
         """See :attr:`Sandbox.backend`."""
         return self._sandbox.backend
+
+    @property
+    def handle(self) -> SandboxHandle:
+        """See :attr:`Sandbox.handle`."""
+        return self._sandbox.handle
 
     # -- plumbing --------------------------------------------------------------
 

@@ -266,6 +266,14 @@ class Sandbox:
     def backend(self) -> RuntimeBackend:
         return self._backend
 
+    @property
+    def handle(self) -> SandboxHandle:
+        """The backend's handle of this sandbox (for backends and servers built on top).
+
+        .. versionadded:: 0.4.0
+        """
+        return self._handle
+
     # -- channel ---------------------------------------------------------------
 
     def _connect(self) -> Channel:

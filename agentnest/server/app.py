@@ -160,8 +160,8 @@ class _TooLarge(_Refused):
 
 def _handle_of(sandbox: AsyncSandbox) -> SandboxHandle:
     # The backend handle of a sandbox the server owns: needed to open further
-    # agent channels for the remote backend.  (Sandbox has no public accessor.)
-    return sandbox._sandbox._handle
+    # agent channels for the remote backend.
+    return sandbox.handle
 
 
 class Service:
