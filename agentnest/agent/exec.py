@@ -67,12 +67,14 @@ class Command:
         "marker",
         "pid",
         "proc",
+        "pty_fd",
         "sent",
         "started",
         "status",
         "stdin_eof",
         "stdin_fd",
         "stdin_queue",
+        "terminal",
         "timed_out",
         "truncated",
     )
@@ -83,6 +85,10 @@ class Command:
         self.pid = proc.pid
         self.fds: Dict[int, int] = {}
         self.stdin_fd: Optional[int] = None
+        # The master side of the command's pseudo-terminal, if it has one
+        # (output is read from it; stdin and resizes go to it).
+        self.pty_fd: Optional[int] = None
+        self.terminal = False
         # memoryviews: a partial pipe write advances a view instead of copying
         # the rest of the chunk (which made large stdin quadratic).
         self.stdin_queue: List[memoryview] = []
@@ -135,11 +141,14 @@ def spawn(
     want_stdin: bool,
     limit: int,
     token: str,
+    pty: Optional[Tuple[int, int]] = None,
 ) -> Command:
-    """Start a command in a new session with piped output."""
+    """Start a command in a new session with piped output (or on a new pseudo-terminal)."""
     marker = "%s-%d" % (token, cid)
     full_env = dict(env)
     full_env[MARKER] = marker
+    if pty is not None:
+        return _spawn_pty(cid, argv, full_env, cwd, limit, marker, pty)
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
@@ -162,6 +171,73 @@ def spawn(
         os.set_blocking(cmd.stdin_fd, False)
         _grow_pipe(cmd.stdin_fd)
     return cmd
+
+
+def _spawn_pty(
+    cid: int,
+    argv: List[str],
+    env: Dict[str, str],
+    cwd: str,
+    limit: int,
+    marker: str,
+    size: Tuple[int, int],
+) -> Command:
+    """Start a command whose stdin, stdout and stderr are a new pseudo-terminal.
+
+    The command leads a new session (``setsid``) and takes the terminal's
+    slave side as its controlling terminal (``TIOCSCTTY``), so job control,
+    ^C and window-size changes work as in a real terminal.  The agent keeps
+    the master side: reading it is the command's output (fd 1 on the wire,
+    stdout and stderr are one stream on a terminal), writing it is typing.
+    The tree kill is unchanged: the session is the command's own.
+    """
+    master, slave = os.openpty()
+    try:
+        set_window_size(slave, size[0], size[1])
+
+        def controlling_terminal() -> None:  # in the child, after setsid()
+            import fcntl
+            import termios
+
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        proc = subprocess.Popen(
+            argv,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+            # preexec_fn is unsafe with threads; the agent has one.
+            preexec_fn=controlling_terminal,
+        )
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        # Only the command holds the slave side now: when it (and whatever it
+        # started on the terminal) is gone, reading the master ends with EIO.
+        os.close(slave)
+    cmd = Command(cid, proc, marker, limit)
+    os.set_blocking(master, False)
+    cmd.pty_fd = master
+    cmd.terminal = True
+    cmd.fds[master] = 1
+    # A second descriptor for writing: the selector keys registrations by fd,
+    # and the master is already registered for reading.
+    cmd.stdin_fd = os.dup(master)
+    return cmd
+
+
+def set_window_size(fd: int, rows: int, cols: int) -> None:
+    """Set a terminal's size (the kernel signals SIGWINCH to its foreground group)."""
+    import fcntl
+    import struct
+    import termios
+
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
 def _grow_pipe(fd: int) -> None:

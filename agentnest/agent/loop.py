@@ -13,13 +13,13 @@ import selectors
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import exec as execmod
 from . import files, wire
 
 AGENT_VERSION = "0.4.0"
-CAPABILITIES = ["exec", "stream", "stdin", "files", "tree-kill", "session"]
+CAPABILITIES = ["exec", "stream", "stdin", "files", "tree-kill", "session", "pty"]
 #: While commands or session runs are active, the agent sends at least one
 #: frame this often, so the host can tell a busy agent from a stalled channel.
 HEARTBEAT = 1.0
@@ -207,6 +207,14 @@ class Agent:
                 if h.get("eof"):
                     cmd.stdin_eof = True
                 self._pump_stdin(cmd)
+        elif kind == "resize":
+            cmd = self.commands.get(rid or -1)
+            window = _window_size(h)
+            if cmd is not None and cmd.pty_fd is not None and window is not None:
+                try:
+                    execmod.set_window_size(cmd.pty_fd, window[0], window[1])
+                except OSError:
+                    pass
         elif kind == "cancel":
             cmd = self.commands.get(rid or -1)
             if cmd is not None and cmd.status is None:
@@ -290,8 +298,14 @@ class Agent:
         env.update({str(k): str(v) for k, v in (h.get("env") or {}).items()})
         cwd = h.get("cwd") or self.workspace.root
         limit = int(h.get("max_output", 1 << 62))
+        pty = None
+        if h.get("pty") is not None:
+            pty = _window_size(h["pty"])
+            if pty is None:
+                self.error(rid, "invalid", 'pty must be {"rows": 1..65535, "cols": 1..65535}')
+                return
         try:
-            cmd = execmod.spawn(rid, argv, env, cwd, bool(h.get("stdin")), limit, self.token)
+            cmd = execmod.spawn(rid, argv, env, cwd, bool(h.get("stdin")), limit, self.token, pty)
         except OSError as exc:
             # Report like a shell would: 127 not found, 126 not executable.
             code = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -359,7 +373,14 @@ class Agent:
             self.sel.unregister(fd)
         self.fd_owner.pop(fd, None)
         cmd.stdin_fd = None
-        if cmd.proc.stdin is not None:
+        if cmd.terminal:
+            # A terminal's writer is our own dup of its master (and never the
+            # reader itself): closing it does not end the output.
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        elif cmd.proc.stdin is not None:
             try:
                 cmd.proc.stdin.close()
             except OSError:
@@ -389,6 +410,10 @@ class Agent:
             pass
         self.fd_owner.pop(fd, None)
         cmd.fds.pop(fd, None)
+        if fd == cmd.pty_fd:
+            cmd.pty_fd = None
+            os.close(fd)
+            return
         for stream in (cmd.proc.stdout, cmd.proc.stderr):
             if stream is not None and not stream.closed and stream.fileno() == fd:
                 stream.close()
@@ -450,6 +475,18 @@ class Agent:
                 "duration": time.monotonic() - cmd.started,
             }
         )
+
+
+def _window_size(h: Any) -> Optional[Tuple[int, int]]:
+    """``(rows, cols)`` from ``{"rows": R, "cols": C}``, or None if they are not sane."""
+    if not isinstance(h, dict):
+        return None
+    rows, cols = h.get("rows"), h.get("cols")
+    if type(rows) is not int or type(cols) is not int:  # bool is an int subclass: not a size
+        return None
+    if not (0 < rows <= 0xFFFF and 0 < cols <= 0xFFFF):
+        return None
+    return rows, cols
 
 
 def _interpreter() -> Any:

@@ -259,7 +259,20 @@ class Channel:
         max_output: int,
         stdin: bytes | None = None,
         keep_stdin_open: bool = False,
+        pty: tuple[int, int] | None = None,
     ) -> ExecHandle:
+        """Start ``argv``; read its output and result from the returned handle.
+
+        ``pty=(rows, cols)`` runs it on a new pseudo-terminal of that size
+        inside the sandbox (its controlling terminal): its output, stdout and
+        stderr alike, comes as fd 1; send keystrokes with
+        :meth:`ExecHandle.write_stdin` and size changes with
+        :meth:`ExecHandle.resize`.  Needs an agent with the ``pty`` capability.
+        """
+        if pty is not None:
+            rows, cols = _window(pty)
+            if self.hello is not None and "pty" not in self.hello.capabilities:
+                raise ChannelError("the in-sandbox agent does not support terminals (no 'pty' capability)")
         p = self._register()
         handle = ExecHandle(self, p, max_output)
         header: dict[str, Any] = {
@@ -272,6 +285,8 @@ class Channel:
             "max_output": max_output,
             "stdin": stdin is not None or keep_stdin_open,
         }
+        if pty is not None:
+            header["pty"] = {"rows": rows, "cols": cols}
         try:
             self.send(header)
             if stdin:
@@ -452,6 +467,22 @@ class Channel:
         return entries, bool(done["truncated"])
 
 
+#: The largest terminal dimension (the kernel's ``struct winsize`` holds 16 bits).
+MAX_WINDOW = 0xFFFF
+
+
+def _window(size: tuple[int, int]) -> tuple[int, int]:
+    """Check a terminal size ``(rows, cols)``: whole numbers in 1..65535."""
+    try:
+        rows, cols = size
+    except (TypeError, ValueError):
+        raise ValueError(f"a terminal size is (rows, cols), not {size!r:.40}") from None
+    for value in (rows, cols):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_WINDOW:
+            raise ValueError(f"terminal size {size!r:.40} must be two integers in 1..{MAX_WINDOW}")
+    return rows, cols
+
+
 def _raise_if_error(header: Header, path: str | None) -> None:
     if header["t"] != "error":
         return
@@ -529,6 +560,12 @@ class ExecHandle:
         for i in range(0, max(len(data), 1), WRITE_CHUNK):
             last = i + WRITE_CHUNK >= len(data)
             self._channel.send({"t": "stdin", "id": self.id, "eof": eof and last}, data[i : i + WRITE_CHUNK])
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the size of the command's terminal (started with ``pty=``); no reply."""
+        rows, cols = _window((rows, cols))
+        if self.result is None:
+            self._channel.send({"t": "resize", "id": self.id, "rows": rows, "cols": cols})
 
     def cancel(self) -> None:
         """Kill the command's whole process tree (the result still arrives)."""

@@ -14,17 +14,18 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import AgentNestError, ConfigurationError
-from . import audit, backends, demo, doctor, image, mcp, profiles, prune, run, serve
+from . import audit, backends, demo, doctor, image, mcp, profiles, prune, run, serve, shell
 from ._output import error
 
 #: The commands in the order ``agentnest --help`` lists them.
-COMMANDS = (demo, doctor, run, backends, image, profiles, prune, audit, serve, mcp)
+COMMANDS = (demo, doctor, run, shell, backends, image, profiles, prune, audit, serve, mcp)
 
 _EPILOG = """\
 examples:
   agentnest demo                        # a guided tour of what a sandbox blocks
   agentnest doctor                      # check the engine and that limits are enforced
   agentnest run -- python3 -c 'print(6 * 7)'
+  agentnest shell --backend gvisor        # an interactive shell, removed on exit
   agentnest prune --dry-run             # what expired sandboxes left behind
   agentnest audit --since 1h --follow   # recent sandbox events, then new ones
   agentnest run --profile strict -- python3 -V

@@ -1,11 +1,21 @@
-"""Helpers shared by the commands: sub-parsers, argument types, tables, marks, errors."""
+"""Helpers shared by the commands: sub-parsers, argument types, tables, marks, errors, progress.
+
+One look for every command.  On a terminal, tables and progress use
+`rich <https://rich.readthedocs.io>`_ when it is installed (``pip install
+'agentnest[cli]'``) and a plain spinner otherwise; anywhere else (pipes,
+files, tests) the output is plain, stable text with no escape codes, so
+scripts can parse it.  ``NO_COLOR`` and ``TERM=dumb`` are honoured.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, TextIO, TypeAlias
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 
 from ..errors import ConfigurationError
 from ..verify import human_bytes
@@ -102,14 +112,118 @@ def error(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
 
 
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is an interactive terminal that takes escape codes."""
+    if os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _rich_console(stream: TextIO) -> Any:
+    """A ``rich`` console on ``stream`` if it is a terminal and rich is installed, else None."""
+    if not is_terminal(stream):
+        return None
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return Console(file=stream, highlight=False)
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], stream: TextIO | None = None) -> None:
+    """Print a table: a ``rich`` one on a terminal, else :func:`table`'s plain columns."""
+    out = stream or sys.stdout
+    console = _rich_console(out)
+    if console is None:
+        print(table(headers, rows), file=out)
+        return
+    from rich import box
+    from rich.table import Table
+
+    grid = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
+    for header in headers:
+        grid.add_column(header, overflow="fold")
+    for row in rows:
+        grid.add_row(*row, style=None)
+    console.print(grid)
+
+
+#: How long work may take before a spinner shows (quick work shows none).
+SPINNER_DELAY = 0.3
+
+
+@contextlib.contextmanager
+def status(message: str, stream: TextIO | None = None) -> Iterator[None]:
+    """Show ``message`` with a spinner on stderr while the block runs, on a terminal only.
+
+    The spinner appears after :data:`SPINNER_DELAY` seconds and is erased when
+    the block ends, so it never mixes with the block's own output.  Elsewhere
+    nothing is printed: progress is not data.
+    """
+    out = stream or sys.stderr
+    if not is_terminal(out):
+        yield
+        return
+    console = _rich_console(out)
+    if console is not None:
+        with console.status(message, spinner="dots"):
+            yield
+        return
+    with _PlainSpinner(out, message):
+        yield
+
+
+class _PlainSpinner:
+    """A one-line spinner with ``\r`` redraws, for terminals without ``rich``."""
+
+    _FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+    _ASCII = "|/-\\"
+
+    def __init__(self, stream: TextIO, message: str) -> None:
+        self.stream = stream
+        self.message = message
+        self.frames = self._FRAMES if _can_encode(self._FRAMES, stream) else self._ASCII
+        self._stop = threading.Event()
+        self._drawn = False
+        self._thread = threading.Thread(target=self._spin, name="agentnest-spinner", daemon=True)
+
+    def __enter__(self) -> _PlainSpinner:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+    def _spin(self) -> None:
+        if self._stop.wait(SPINNER_DELAY):
+            return
+        tick = 0
+        while not self._stop.is_set():
+            self.stream.write(f"\r\x1b[K{self.frames[tick % len(self.frames)]} {self.message}...")
+            self.stream.flush()
+            self._drawn = True
+            tick += 1
+            self._stop.wait(0.1)
+
+
 __all__ = [
     "Commands",
     "add_command",
     "add_profile_options",
     "error",
     "human_bytes",
+    "is_terminal",
     "mark",
     "positive_float",
+    "print_table",
     "profile_from_args",
+    "status",
     "table",
 ]

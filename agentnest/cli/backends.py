@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import AgentNestError
-from ._output import Commands, add_command, table
+from ._output import Commands, add_command, print_table
 
 _EPILOG = """\
 Built-in backends are Docker with an OCI runtime: docker (runc), gvisor
@@ -13,8 +13,9 @@ Built-in backends are Docker with an OCI runtime: docker (runc), gvisor
 registered with the engine.  Plug-ins come from the `agentnest.backends`
 entry-point group.
 
-example:
+examples:
   agentnest backends
+  agentnest run --backend gvisor -- uname -a   # use one of them
 """
 
 
@@ -54,5 +55,5 @@ def handle(args: argparse.Namespace) -> int:
         else:
             status = "ready" if runtime in runtimes else "runtime not registered with the engine"
         rows.append([name + (" (default)" if name == "docker" else ""), kind, runtime, status])
-    print(table(["BACKEND", "KIND", "OCI RUNTIME", "STATUS"], rows))
+    print_table(["BACKEND", "KIND", "OCI RUNTIME", "STATUS"], rows)
     return 0

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ._output import Commands, _can_encode, add_command, error, human_bytes, mark, table
+from ._output import Commands, _can_encode, add_command, error, human_bytes, mark, print_table
 
 if TYPE_CHECKING:
     from ..templates import BuildEvent
@@ -67,7 +67,8 @@ def register(commands: Commands) -> None:
         "base",
         help="build the default base image if it is missing",
         description="Build the default image (Debian + python3) offline with debootstrap.",
-        epilog="example:\n  sudo agentnest image base --force\n",
+        epilog="examples:\n  sudo agentnest image base              # build it if missing\n"
+        "  sudo agentnest image base --force\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     base.add_argument("--force", action="store_true", help="rebuild even if the image is up to date")
@@ -92,7 +93,7 @@ def register(commands: Commands) -> None:
         "list",
         help="list AgentNest images on the engine",
         description="List the base images and template images AgentNest built.",
-        epilog="example:\n  agentnest image list\n",
+        epilog="examples:\n  agentnest image list\n  agentnest image list | grep template\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     listing.set_defaults(handler=handle_list)
@@ -277,5 +278,5 @@ def handle_list(args: argparse.Namespace) -> int:
     if not rows:
         print("no AgentNest images on this engine; build the default one with `agentnest image base`")
         return 0
-    print(table(["IMAGE", "KIND", "ID", "CREATED", "SIZE", "DEFAULT"], rows))
+    print_table(["IMAGE", "KIND", "ID", "CREATED", "SIZE", "DEFAULT"], rows)
     return 0

@@ -7,7 +7,7 @@ import argparse
 from ..config import format_size
 from ..errors import ProfileError
 from ..profiles import ENV_VAR, Profile, find_profile_file, load_profiles
-from ._output import Commands, add_command, table
+from ._output import Commands, add_command, print_table
 
 _EPILOG = f"""\
 The file is the one --file names, else ${ENV_VAR}, else ./agentnest.yaml.
@@ -62,5 +62,5 @@ def handle(args: argparse.Namespace) -> int:
     rows = [_summary(found.profiles[name], found.default) for name in sorted(found.profiles)]
     print(f"{path}: {len(rows)} profile{'s' if len(rows) != 1 else ''}, valid")
     if rows:
-        print(table(["PROFILE", "RUNTIME", "NETWORK", "LIMITS", "APPROVALS"], rows))
+        print_table(["PROFILE", "RUNTIME", "NETWORK", "LIMITS", "APPROVALS"], rows)
     return 0

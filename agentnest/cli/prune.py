@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
-from ._output import Commands, add_command, error, table
+from ._output import Commands, add_command, error, status, table
 
 if TYPE_CHECKING:
     from ..runtime.docker.prune import PruneReport
@@ -59,9 +59,10 @@ def handle(args: argparse.Namespace) -> int:
     if not isinstance(backend, DockerBackend):  # pragma: no cover - "docker" is built in
         raise ConfigurationError("the docker backend is not a Docker engine backend")
     now = time.time()
-    report = prune(
-        backend.api, now=now, dry_run=args.dry_run, orphans=args.orphans, everything=args.everything
-    )
+    with status("looking for expired sandboxes" if args.dry_run else "pruning"):
+        report = prune(
+            backend.api, now=now, dry_run=args.dry_run, orphans=args.orphans, everything=args.everything
+        )
     print(render(report, now))
     for message in report.errors:
         error(message)

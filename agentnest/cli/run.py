@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, ExecutionTimeoutError
 from ..policy import SecurityPolicy
-from ._output import Commands, add_command, add_profile_options, positive_float, profile_from_args
+from ._output import Commands, add_command, add_profile_options, positive_float, profile_from_args, status
 
 #: The exit code of a command killed by ``--timeout``, as coreutils ``timeout`` uses.
 TIMEOUT_EXIT = 124
@@ -174,7 +174,9 @@ def handle(args: argparse.Namespace) -> int:
         print(
             "agentnest: warning: the sandbox has unfiltered network access (--network open)", file=sys.stderr
         )
-    with Sandbox(**options) as sandbox:
+    with status("creating a sandbox"):
+        sandbox = Sandbox(**options)
+    with sandbox:
         stream = sandbox.stream_exec(argv, timeout=timeout)
         try:
             for chunk in stream:

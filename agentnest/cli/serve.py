@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
-from ._output import Commands, add_command, positive_float, table
+from ._output import Commands, add_command, positive_float, print_table
 
 _EPILOG = """\
 Every call needs `Authorization: Bearer <token>`.  A token's ceiling bounds what
@@ -76,10 +76,12 @@ def register(commands: Commands) -> None:
         "token",
         help="create, list or revoke tokens",
         description="Manage the server's bearer tokens (stored hashed in the token file).",
+        epilog=_TOKENS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
 
-    create = actions.add_parser("create", help="create a token and print its secret once")
+    create = _action(actions, "create", "create a token and print its secret once", _CREATE_EPILOG)
     _tokens_option(create)
     create.add_argument("--name", required=True, help="a name for people (unique)")
     create.add_argument(
@@ -116,15 +118,58 @@ def register(commands: Commands) -> None:
     create.add_argument("--json", action="store_true", help="print the token as JSON")
     create.set_defaults(handler=handle_create)
 
-    listing = actions.add_parser("list", help="list the tokens (never their secrets)")
+    listing = _action(
+        actions,
+        "list",
+        "list the tokens (never their secrets)",
+        "examples:\n  agentnest serve token list\n  agentnest serve token list --json | jq '.[].name'\n",
+    )
     _tokens_option(listing)
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(handler=handle_list)
 
-    revoke = actions.add_parser("revoke", help="remove a token (a running server notices at once)")
+    revoke = _action(
+        actions,
+        "revoke",
+        "remove a token (a running server notices at once)",
+        "examples:\n  agentnest serve token revoke ci          # by name\n"
+        "  agentnest serve token revoke k3v9x2m1q8zd  # by id\n",
+    )
     _tokens_option(revoke)
     revoke.add_argument("token", metavar="ID_OR_NAME")
     revoke.set_defaults(handler=handle_revoke)
+
+
+_TOKENS_HELP = """\
+Tokens live in the token file (--tokens, $AGENTNEST_TOKEN_FILE, else
+~/.config/agentnest/tokens.json), hashed; a secret is shown once, at creation.
+
+examples:
+  agentnest serve token create --name ci --max-memory 1g --max-sandboxes 8
+  agentnest serve token list
+  agentnest serve token revoke ci
+"""
+
+_CREATE_EPILOG = """\
+The secret is printed once on stdout; store it then.  Every --max-* is the
+most the token may ask for; without one, the default in parentheses holds.
+
+examples:
+  agentnest serve token create --name ci
+  agentnest serve token create --name agents --backend gvisor --max-memory 2g --expires-in 86400
+  agentnest serve token create --name web --network allowlist --domain pypi.org --json
+"""
+
+
+def _action(commands: Any, name: str, summary: str, epilog: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=summary,
+        description=summary[:1].upper() + summary[1:] + ".",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
 
 
 def _tokens_option(parser: argparse.ArgumentParser) -> None:
@@ -296,7 +341,7 @@ def handle_list(args: argparse.Namespace) -> int:
         else:
             expires = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.expires))
         rows.append([t.id, t.name, expires, t.ceiling.describe()])
-    print(table(["ID", "NAME", "EXPIRES", "CEILING"], rows))
+    print_table(["ID", "NAME", "EXPIRES", "CEILING"], rows)
     return 0
 
 
