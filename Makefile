@@ -5,12 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo test unit integration escapes lint bench engine image venv clean
+.PHONY: demo test unit integration escapes lint docs bench engine image venv clean
 
 demo: engine venv image
 	$(BIN)/agentnest demo
 
-test: engine venv image lint
+test: engine venv image lint docs
 	AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q tests
 
 unit: venv
@@ -27,6 +27,11 @@ lint: venv
 	$(BIN)/ruff format --check agentnest tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/mypy --check-untyped-defs tests
+
+# The documentation site (mkdocs.yml); --strict turns every broken link or docstring
+# warning into a failure.  Serve it locally with `$(BIN)/mkdocs serve`.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
 bench: engine venv image
 	$(BIN)/python benchmarks/bench.py
