@@ -143,7 +143,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], stream: T
     from rich import box
     from rich.table import Table
 
-    grid = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
+    grid = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False, show_edge=False)
     for header in headers:
         grid.add_column(header, overflow="fold")
     for row in rows:

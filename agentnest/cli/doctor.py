@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import verify
 from ..errors import AgentNestError, ImageNotFoundError, RuntimeNotAvailableError
-from ._output import Commands, add_command
+from ._output import Commands, add_command, status
 
 if TYPE_CHECKING:
     from ..runtime.base import RuntimeBackend
@@ -200,7 +200,8 @@ def _sandbox_checks(report: _Report, name: str, backend: RuntimeBackend) -> None
     gvisor = runtime == "runsc"
     started = time.monotonic()
     try:
-        sandbox = Sandbox(None, 120, backend=backend)
+        with status(f"creating a sandbox on {name}"):
+            sandbox = Sandbox(None, 120, backend=backend)
     except AgentNestError as exc:
         report.add(scope, "create a sandbox", FAIL, str(exc), _create_hint(exc))
         return
