@@ -14,7 +14,7 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 
 from ..errors import ConfigurationError
@@ -65,6 +65,21 @@ def profile_from_args(args: argparse.Namespace) -> Profile | None:
             "$AGENTNEST_PROFILE_FILE or create agentnest.yaml here"
         )
     return load_profiles(path).get(args.profile)
+
+
+def int_in(low: int, high: int, what: str = "a whole number") -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} from {low} to {high}")
+        return value
+
+    return parse
 
 
 def positive_float(text: str) -> float:
@@ -219,6 +234,7 @@ __all__ = [
     "add_profile_options",
     "error",
     "human_bytes",
+    "int_in",
     "is_terminal",
     "mark",
     "positive_float",

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
-from ._output import Commands, add_command, add_profile_options, positive_float, profile_from_args
+from ._output import Commands, add_command, add_profile_options, int_in, positive_float, profile_from_args
 
 _EPILOG = """\
 Tools: create_sandbox, exec_shell, exec_python, session_run, read_file,
@@ -75,24 +75,9 @@ def register(commands: Commands) -> None:
     parser.set_defaults(handler=handle)
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= 1000:
-        raise argparse.ArgumentTypeError(f"{text!r} must be from 1 to 1000")
-    return value
+#: Port and sandbox-count option types.
+_port = int_in(1, 65535, "a port number")
+_count = int_in(1, 1000)
 
 
 def check_host(host: str) -> str:

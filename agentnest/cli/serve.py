@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
-from ._output import Commands, add_command, positive_float, print_table
+from ._output import Commands, add_command, int_in, positive_float, print_table
 
 _EPILOG = """\
 Every call needs `Authorization: Bearer <token>`.  A token's ceiling bounds what
@@ -181,24 +181,9 @@ def _tokens_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535)")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= 100_000:
-        raise argparse.ArgumentTypeError(f"{text!r} must be from 1 to 100000")
-    return value
+#: Port (0: any free one) and count option types.
+_port = int_in(0, 65535, "a port number")
+_count = int_in(1, 100_000)
 
 
 def _count_or_zero(text: str) -> int:
