@@ -993,6 +993,27 @@ class Proxy:
 # -- program -------------------------------------------------------------------
 
 
+def read_deadline(path: str) -> Optional[float]:
+    """The deadline in ``path`` if it is a root-owned regular file (not a link), else None."""
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != 0 or not stat.S_ISREG(st.st_mode):
+            return None
+        value = float(os.read(fd, 64))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the proxy from a JSON config (``argv[0]``) until its deadline."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -1004,6 +1025,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     limits = Limits.from_config(config)
     listen = config.get("listen") or ["127.0.0.1", 3128]
     deadline = config.get("deadline")
+    deadline_file = config.get("deadline_file")
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
@@ -1015,9 +1037,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, done)
+        timer = []  # type: List[asyncio.TimerHandle]
         if deadline is not None:
             # The proxy ends with its sandbox even if the host process died.
-            loop.call_later(max(0.0, float(deadline) - time.time()), done)
+            timer.append(loop.call_later(max(0.0, float(deadline) - time.time()), done))
+
+        def moved() -> None:
+            # Sandbox.extend(): the host (as root) wrote a new deadline.  Only a
+            # root-owned regular file counts: this process (UID 65532) cannot forge one.
+            new = read_deadline(str(deadline_file)) if deadline_file else None
+            if new is None:
+                return
+            for handle in timer:
+                handle.cancel()
+            timer[:] = [loop.call_later(max(0.0, new - time.time()), done)]
+
+        loop.add_signal_handler(signal.SIGUSR1, moved)
         proxy = Proxy(rules, limits, clients=config.get("clients") or ())
         host, port = await proxy.start(str(listen[0]), int(listen[1]))
         _print_event({"type": EVENT_READY, "listen": [host, port], "time": round(time.time(), 6)})

@@ -153,10 +153,17 @@ def test_prune_leaves_nothing_after_the_host_is_killed(backend_name: str, docker
                 network.remove()
 
 
-def test_extend_is_refused_for_allowlist_sandboxes_for_now(backend_name: str) -> None:
+def test_extend_moves_the_egress_proxy_deadline_too(backend_name: str, docker_client: Any) -> None:
     policy = SecurityPolicy(network=NetworkPolicy.allowlist(domains=["allowed.test"]))
-    with Sandbox(backend=backend_name, timeout=60, security_policy=policy) as sb:
+    with Sandbox(backend=backend_name, timeout=5, security_policy=policy) as sb:
         first = sb.deadline
-        with pytest.raises(Exception, match="not available for allowlist sandboxes"):
-            sb.extend(30)
-        assert sb.deadline == first
+        sb.extend(60)
+        wait_past(first + 2, sb)
+        running = {c.labels["agentnest.role"]: c.status for c in containers_of(docker_client, sb.id)}
+        assert running == {"sandbox": "running", "proxy": "running"}
+        # The proxy still answers: the sandbox's way out did not die at the first deadline.
+        proxy = sb.exec_python("import os; print(os.environ['HTTP_PROXY'])").stdout.strip()
+        host, port = proxy.split("//")[1].rsplit(":", 1)
+        probe = f"import socket; socket.create_connection(({host!r}, {port}), timeout=5).close(); print('up')"
+        assert sb.exec_python(probe).stdout == "up\n"
+        assert prune(docker_client.api, sandbox=sb.id).resources == ()

@@ -875,3 +875,22 @@ def test_program_prints_ready_and_stops_at_its_deadline(servers: Servers, python
         proc.wait()
         if proc.stdout:
             proc.stdout.close()
+
+
+def test_a_moved_deadline_counts_only_from_a_root_owned_regular_file(tmp_path: Path) -> None:
+    read_deadline = px.read_deadline
+    good = tmp_path / "deadline"
+    good.write_text("1234567890.5")
+    os.chown(good, 0, 0)
+    assert read_deadline(str(good)) == 1234567890.5
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    assert read_deadline(str(link)) is None  # never through a link
+    forged = tmp_path / "forged"
+    forged.write_text("9999999999")
+    os.chown(forged, 65532, 65532)  # what the proxy's own user could write
+    assert read_deadline(str(forged)) is None
+    for text in ("nan", "inf", "soon", ""):
+        good.write_text(text)
+        assert read_deadline(str(good)) is None
+    assert read_deadline(str(tmp_path / "missing")) is None

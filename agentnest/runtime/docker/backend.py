@@ -500,13 +500,11 @@ class DockerBackend(RuntimeBackend):
         # its keeper and for prune (see deadline.py for why sandbox code cannot forge it).
         from . import deadline as moved
 
-        if handle.info.get("egress_topology") is not None:
-            # The proxy container keeps its own deadline and cannot move it yet:
-            # refuse rather than leave a sandbox whose way out dies early.
-            raise UnsupportedCapabilityError(
-                "extend() is not available for allowlist sandboxes in this version; "
-                "create the sandbox with the lifetime it needs"
-            )
+        topology = handle.info.get("egress_topology")
+        if topology is not None and topology.proxy_id:
+            # The proxy first, so the sandbox never outlives its way out; it reads
+            # the same kind of root-owned deadline file as the sandbox's keeper.
+            moved.write(self.api, topology.proxy_id, self.spec.python, deadline)
         moved.write(self.api, handle.info["container"], self.spec.python, deadline)
         handle.deadline = deadline
 

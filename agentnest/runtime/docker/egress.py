@@ -51,6 +51,7 @@ from ...channel.streams import DockerMuxStream
 from ...egress.proxy import EVENT_ALLOWED, EVENT_DENIED, EVENT_READY, REASONS
 from ...errors import BackendError, ConfigurationError
 from ...policy import NetworkPolicy
+from ..bootstrap import DEADLINE_FILE
 from . import labels, seccomp
 
 if TYPE_CHECKING:
@@ -433,6 +434,8 @@ class EgressTopology:
             "ports": list(self.policy.ports),
             "hosts": self.hosts,
             "deadline": self.deadline,
+            # Sandbox.extend() moves it: the same root-owned file as in the sandbox.
+            "deadline_file": DEADLINE_FILE,
         }
 
     def start_proxy(self) -> None:
@@ -449,6 +452,8 @@ class EgressTopology:
             # asyncio's resolver threads and the interpreter: a few dozen.
             pids_limit=64,
             read_only=True,
+            # Only for the moved deadline (root writes it, the proxy reads it).
+            tmpfs={"/tmp": "rw,noexec,nosuid,nodev,mode=1777,size=64k"},
             cap_drop=["ALL"],
             security_opt=["no-new-privileges:true", f"seccomp={seccomp.profile_json(self.arch)}"],
             network_mode=self.network_name,
