@@ -23,8 +23,8 @@ escapes: engine venv image
 	$(BIN)/pytest -q -m escapes tests
 
 lint: venv
-	$(BIN)/ruff check agentnest tests benchmarks
-	$(BIN)/ruff format --check agentnest tests benchmarks
+	$(BIN)/ruff check agentnest tests benchmarks scripts
+	$(BIN)/ruff format --check agentnest tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/mypy --check-untyped-defs tests
 
