@@ -50,6 +50,56 @@ def add_profile_options(parser: argparse.ArgumentParser, what: str = "take setti
     )
 
 
+def env_pair(text: str) -> tuple[str, str]:
+    """argparse type: ``NAME=VALUE`` (the value may be empty or hold more ``=``)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
+def add_sandbox_options(parser: argparse.ArgumentParser, subject: str, *, lifetime: str) -> None:
+    """The options of commands that make one sandbox for ``subject`` (``run``, ``shell``).
+
+    ``lifetime`` says what ``--lifetime`` defaults to.  Read them with ``run.sandbox_options``.
+    """
+    parser.add_argument(
+        "--image", help="image to run (default: the AgentNest base image, or $AGENTNEST_IMAGE)"
+    )
+    parser.add_argument(
+        "--backend", help="docker (runc), gvisor (runsc), kata or a plug-in (default: docker)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        help=f"kill {subject} and its process tree after SECONDS (exit code 124)",
+    )
+    parser.add_argument(
+        "--lifetime",
+        type=positive_float,
+        metavar="SECONDS",
+        help=f"the sandbox stops itself after SECONDS even if this process dies (default: {lifetime})",
+    )
+    parser.add_argument("--memory", help="memory limit, e.g. 512m or 2g (default: 512m)")
+    parser.add_argument("--cpus", type=positive_float, help="CPU limit (default: 1.0)")
+    parser.add_argument(
+        "--network",
+        choices=("denied", "open"),
+        help="denied (default: loopback only) or open (unfiltered, runc only: use with care)",
+    )
+    add_profile_options(parser)
+    parser.add_argument(
+        "-e",
+        "--env",
+        action="append",
+        default=[],
+        type=env_pair,
+        metavar="NAME=VALUE",
+        help=f"set an environment variable for {subject} (repeatable)",
+    )
+
+
 def profile_from_args(args: argparse.Namespace) -> Profile | None:
     """The profile ``--profile`` names (``None`` without it); errors name the fix."""
     from ..profiles import find_profile_file, load_profiles
@@ -232,6 +282,8 @@ __all__ = [
     "Commands",
     "add_command",
     "add_profile_options",
+    "add_sandbox_options",
+    "env_pair",
     "error",
     "human_bytes",
     "int_in",

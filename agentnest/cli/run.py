@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, ExecutionTimeoutError
 from ..policy import SecurityPolicy
-from ._output import Commands, add_command, add_profile_options, positive_float, profile_from_args, status
+from ._output import Commands, add_command, add_sandbox_options, profile_from_args, status
 
 #: The exit code of a command killed by ``--timeout``, as coreutils ``timeout`` uses.
 TIMEOUT_EXIT = 124
@@ -49,64 +49,25 @@ def register(commands: Commands) -> None:
         "Create a sandbox, run CMD in it with its output streamed to this terminal, then destroy it.",
         _EPILOG,
     )
-    parser.add_argument(
-        "--image", help="image to run (default: the AgentNest base image, or $AGENTNEST_IMAGE)"
-    )
-    parser.add_argument(
-        "--backend",
-        help="docker (runc), gvisor (runsc), kata or a plug-in (default: docker)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=positive_float,
-        metavar="SECONDS",
-        help="kill the command and its process tree after SECONDS (exit code 124)",
-    )
-    parser.add_argument(
-        "--lifetime",
-        type=positive_float,
-        metavar="SECONDS",
-        help="the sandbox stops itself after SECONDS even if this process dies (default: the "
-        "profile's timeout, else 600, or --timeout + 60 if that is longer)",
-    )
-    parser.add_argument("--memory", help="memory limit, e.g. 512m or 2g (default: 512m)")
-    parser.add_argument("--cpus", type=positive_float, help="CPU limit (default: 1.0)")
-    parser.add_argument(
-        "--network",
-        choices=("denied", "open"),
-        help="denied (default: loopback only) or open (unfiltered, runc only: use with care)",
+    add_sandbox_options(
+        parser,
+        "the command",
+        lifetime="the profile's timeout, else 600, or --timeout + 60 if that is longer",
     )
     parser.add_argument(
         "--verify",
         action="store_true",
         help="check from inside that the policy holds before running (fail closed)",
     )
-    add_profile_options(parser)
     parser.add_argument(
         "--approve",
         choices=("allow", "deny", "prompt"),
         help="an approval hook for every operation: allow, deny, or prompt (ask on this terminal)",
     )
     parser.add_argument(
-        "-e",
-        "--env",
-        action="append",
-        default=[],
-        type=_env_pair,
-        metavar="NAME=VALUE",
-        help="set an environment variable for the command (repeatable)",
-    )
-    parser.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the command to run"
     )
     parser.set_defaults(handler=handle)
-
-
-def _env_pair(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
-    return name, value
 
 
 def command_argv(words: Sequence[str]) -> list[str]:

@@ -24,7 +24,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ChannelError
-from ._output import Commands, add_command, add_profile_options, positive_float, status
+from ._output import Commands, add_command, add_sandbox_options, status
 from .run import TIMEOUT_EXIT, command_argv, sandbox_options
 
 if TYPE_CHECKING:
@@ -79,42 +79,7 @@ def register(commands: Commands) -> None:
         "sandbox when it exits.",
         _EPILOG,
     )
-    parser.add_argument(
-        "--image", help="image to run (default: the AgentNest base image, or $AGENTNEST_IMAGE)"
-    )
-    parser.add_argument(
-        "--backend", help="docker (runc), gvisor (runsc), kata or a plug-in (default: docker)"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=positive_float,
-        metavar="SECONDS",
-        help="kill the shell and every process it started after SECONDS (exit code 124)",
-    )
-    parser.add_argument(
-        "--lifetime",
-        type=positive_float,
-        metavar="SECONDS",
-        help=f"the sandbox stops itself after SECONDS even if this process dies (default: the "
-        f"profile's timeout, else {DEFAULT_LIFETIME:g})",
-    )
-    parser.add_argument("--memory", help="memory limit, e.g. 512m or 2g (default: 512m)")
-    parser.add_argument("--cpus", type=positive_float, help="CPU limit (default: 1.0)")
-    parser.add_argument(
-        "--network",
-        choices=("denied", "open"),
-        help="denied (default: loopback only) or open (unfiltered, runc only: use with care)",
-    )
-    add_profile_options(parser)
-    parser.add_argument(
-        "-e",
-        "--env",
-        action="append",
-        default=[],
-        type=_env_pair,
-        metavar="NAME=VALUE",
-        help="set an environment variable for the shell (repeatable)",
-    )
+    add_sandbox_options(parser, "the shell", lifetime=f"the profile's timeout, else {DEFAULT_LIFETIME:g}")
     parser.add_argument(
         "command",
         nargs=argparse.REMAINDER,
@@ -122,13 +87,6 @@ def register(commands: Commands) -> None:
         help="what to run instead of the shell",
     )
     parser.set_defaults(handler=handle, verify=False, approve=None)
-
-
-def _env_pair(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
-    return name, value
 
 
 def shell_argv(words: Sequence[str]) -> list[str]:
