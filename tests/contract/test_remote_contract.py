@@ -45,7 +45,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
     client = docker.from_env()
     try:
         for sid in CREATED:
-            left = client.containers.list(all=True, filters={"label": f"agentnest.sandbox={sid}"})
+            left = client.containers.list(
+                all=True, ignore_removed=True, filters={"label": f"agentnest.sandbox={sid}"}
+            )
             assert left == [], f"sandbox {sid} left {[c.name for c in left]}"
     finally:
         client.close()

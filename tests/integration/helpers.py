@@ -44,7 +44,13 @@ def owner_label() -> str:
 
 def containers_of(client: Any, sandbox_id: str) -> list[Any]:
     """Every container (running or not) labelled with this sandbox id."""
-    return list(client.containers.list(all=True, filters={"label": f"agentnest.sandbox={sandbox_id}"}))
+    # ignore_removed: a container removed between the listing and its inspection
+    # (a pool replacing one, a destroy in progress) is gone, not an error.
+    return list(
+        client.containers.list(
+            all=True, ignore_removed=True, filters={"label": f"agentnest.sandbox={sandbox_id}"}
+        )
+    )
 
 
 def container_of(client: Any, sb: Sandbox) -> Any:
@@ -54,7 +60,9 @@ def container_of(client: Any, sb: Sandbox) -> Any:
 
 def owned_containers(client: Any) -> set[str]:
     """Ids of every container this test process created (other sessions may share the engine)."""
-    found = client.containers.list(all=True, filters={"label": f"agentnest.owner={owner_label()}"})
+    found = client.containers.list(
+        all=True, ignore_removed=True, filters={"label": f"agentnest.owner={owner_label()}"}
+    )
     return {c.id for c in found}
 
 

@@ -562,10 +562,15 @@ def test_destroy_removes_proxy_and_network(
 ) -> None:
     sb = Sandbox(backend=backend, security_policy=allowlist(server), timeout=120)
     selector = {"label": f"{labels.SANDBOX}={sb.id}"}
-    roles = sorted(c.labels[labels.ROLE] for c in docker_client.containers.list(all=True, filters=selector))
+    roles = sorted(
+        c.labels[labels.ROLE]
+        for c in docker_client.containers.list(all=True, ignore_removed=True, filters=selector)
+    )
     assert roles == ["proxy", "sandbox"]
     proxy = next(
-        c for c in docker_client.containers.list(filters=selector) if c.labels[labels.ROLE] == "proxy"
+        c
+        for c in docker_client.containers.list(filters=selector, ignore_removed=True)
+        if c.labels[labels.ROLE] == "proxy"
     )
     host_config = proxy.attrs["HostConfig"]
     assert proxy.attrs["Config"]["User"] == "65532:65532"
@@ -588,7 +593,7 @@ def test_destroy_removes_proxy_and_network(
     assert fetched.check().stdout == "200\n"
     wait_events(sb, 1)
     sb.destroy()
-    assert docker_client.containers.list(all=True, filters=selector) == []
+    assert docker_client.containers.list(all=True, ignore_removed=True, filters=selector) == []
     assert docker_client.networks.list(filters=selector) == []
     assert [e["host"] for e in events(sb)] == ["files.allowed.test"]  # the log outlives the sandbox
 
@@ -603,12 +608,15 @@ def test_proxy_stops_at_the_deadline_and_prune_reaps_it(
     selector = {"label": f"{labels.SANDBOX}={handle.id}"}
     try:
         end = time.monotonic() + 30
-        while any(c.status == "running" for c in docker_client.containers.list(all=True, filters=selector)):
+        while any(
+            c.status == "running"
+            for c in docker_client.containers.list(all=True, ignore_removed=True, filters=selector)
+        ):
             assert time.monotonic() < end, "the proxy or sandbox outlived its deadline"
             time.sleep(0.1)
         report = prune(backend.api, sandbox=handle.id)
         assert sorted(r.kind for r in report.resources) == ["container", "container", "network"]
-        assert docker_client.containers.list(all=True, filters=selector) == []
+        assert docker_client.containers.list(all=True, ignore_removed=True, filters=selector) == []
         assert docker_client.networks.list(filters=selector) == []
     finally:
         with contextlib.suppress(Exception):

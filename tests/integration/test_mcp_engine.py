@@ -61,7 +61,11 @@ def tagged_pid(tag: str, within: float = WAIT) -> int:
 
 def owned_by(docker_client: Any, pid: int) -> list[Any]:
     owner = f"{socket.gethostname()}:{pid}"
-    return list(docker_client.containers.list(all=True, filters={"label": f"agentnest.owner={owner}"}))
+    return list(
+        docker_client.containers.list(
+            all=True, ignore_removed=True, filters={"label": f"agentnest.owner={owner}"}
+        )
+    )
 
 
 def wait_none_owned(docker_client: Any, pid: int, within: float = WAIT) -> None:

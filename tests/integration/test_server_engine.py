@@ -72,7 +72,9 @@ def live(tmp_path_factory: pytest.TempPathFactory, docker_client: Any) -> Iterat
     # The server's shutdown destroyed every sandbox: no container of any of them is left.
     assert SEEN_IDS
     for sid in SEEN_IDS:
-        left = docker_client.containers.list(all=True, filters={"label": f"agentnest.sandbox={sid}"})
+        left = docker_client.containers.list(
+            all=True, ignore_removed=True, filters={"label": f"agentnest.sandbox={sid}"}
+        )
         assert left == [], f"sandbox {sid} left {[c.name for c in left]}"
 
 
