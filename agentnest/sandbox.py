@@ -213,6 +213,9 @@ class Sandbox:
         self._lock = threading.Lock()
         self._channel: Channel | None = None
         self._destroyed = False
+        # Egress reports (allowlist sandboxes): see _watch_egress.
+        self._egress_failure: BaseException | None = None
+        self._stop_egress: Callable[[], None] | None = None
         self._handle: SandboxHandle = self._backend.create(config)
         self._guard.sandbox_id = self._handle.id
         self._mono_deadline = time.monotonic() + (self._handle.deadline - time.time())
@@ -289,8 +292,6 @@ class Sandbox:
     def _watch_egress(self) -> None:
         """Turn the egress proxy's reports into audit events (allowlist sandboxes)."""
         log = self._handle.info.get("egress")
-        self._egress_failure: BaseException | None = None
-        self._stop_egress: Callable[[], None] | None = None
         if log is not None and hasattr(log, "subscribe"):
             self._stop_egress = log.subscribe(self._on_egress)
 
@@ -401,7 +402,7 @@ class Sandbox:
     def _ch(self) -> Channel:
         if self._destroyed:
             raise SandboxDestroyedError(f"sandbox {self.id} was destroyed")
-        failure = getattr(self, "_egress_failure", None)
+        failure = self._egress_failure
         if failure is not None:
             self._egress_failure = None
             raise AuditError(
@@ -951,7 +952,7 @@ class Sandbox:
             if self._channel is not None:
                 self._channel.close("sandbox destroyed")
             self._backend.destroy(self._handle)
-            stop = getattr(self, "_stop_egress", None)
+            stop = self._stop_egress
             if stop is not None:
                 stop()  # the proxy's last reports came in while it was removed
         self._guard.emit(EventType.SANDBOX_DESTROYED, {})
