@@ -78,6 +78,20 @@ class Session:
     def expect(self, needle: str, within: float = WAIT) -> None:
         wait_until(lambda: needle.encode() in self.seen, f"{needle!r} on the terminal: {self.text()}", within)
 
+    def ask_until(self, command: str, needle: str, within: float = WAIT) -> None:
+        """Type ``command`` again each second until ``needle`` appears after it was typed."""
+        deadline = time.monotonic() + within
+        while True:
+            start = len(self.seen)
+            self.type(command)
+            answered = time.monotonic() + 1.0
+            while time.monotonic() < answered:
+                if needle.encode() in self.seen[start:]:
+                    return
+                time.sleep(0.05)
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{needle!r} never appeared: {self.text()}")
+
     def text(self) -> str:
         return bytes(self.seen[-2000:]).decode(errors="replace")
 
@@ -143,16 +157,18 @@ def test_shell_types_resizes_and_exits_with_the_shells_code(
     session.expect("/dev/pts/")
     session.expect("30 90")
     session.resize(41, 123)
-    time.sleep(0.5)  # SIGWINCH reaches agentnest, then the sandbox's terminal
-    session.type("stty size; echo $TERM\n")
-    session.expect("41 123")
+    # SIGWINCH reaches agentnest, which tells the sandbox's terminal: ask until it shows.
+    session.ask_until("stty size\n", "41 123")
+    session.type("echo $TERM\n")
     session.expect("xterm-256color")
-    # ^C reaches the program in the sandbox, not agentnest.
-    session.type("sleep 60\n")
-    time.sleep(1.0)
+    # ^C reaches the program in the sandbox, not agentnest: the shell prints the marker
+    # (not in the echoed line) just before it starts the sleep, and the sleep, if ^C
+    # did not reach it, would outlast the wait for the next line.
+    session.type("echo slee$((1))ping; sleep 600\n")
+    session.expect("slee1ping\r\n")
     session.type("\x03")
     session.type("echo after-interrupt\n")
-    session.expect("after-interrupt\r\n")
+    session.expect("after-interrupt\r\n", within=30)
     session.type("exit 3\n")
     assert session.wait() == 3, session.text()
     assert containers_of(api, session.owner) == []
