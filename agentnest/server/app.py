@@ -22,6 +22,7 @@ boundary.
 # No ``from __future__ import annotations``: FastAPI reads the route
 # functions' annotations, some of them local to create_app, as objects.
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -51,6 +52,7 @@ from pydantic import model_validator
 from starlette.exceptions import HTTPException
 
 from .._version import __version__
+from ..agent.wire import WireError
 from ..aio import AsyncExecutionStream, AsyncPythonSession, AsyncSandbox
 from ..config import ExecutionResult, ResourceLimits, parse_size
 from ..errors import (
@@ -66,6 +68,7 @@ from ..runtime.registry import get_backend
 from ..secrets import Secret
 from . import schemas as s
 from .auth import AuthError, Token, TokenStore
+from .channel_audit import ChannelAudit, Emit
 
 log = logging.getLogger("agentnest.server")
 
@@ -162,6 +165,11 @@ def _handle_of(sandbox: AsyncSandbox) -> SandboxHandle:
     # The backend handle of a sandbox the server owns: needed to open further
     # agent channels for the remote backend.
     return sandbox.handle
+
+
+def _emitter_of(sandbox: AsyncSandbox) -> Emit:
+    # The sandbox's own guard: channel events get its redaction and its observers.
+    return sandbox._sandbox._guard.emit
 
 
 class Service:
@@ -964,8 +972,10 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def channel(websocket: WebSocket, sandbox_id: str) -> None:
         """Carry the agent protocol between the client and a new agent in the sandbox.
 
-        Only bytes pass: the server does not interpret them.  The sandbox is
-        the boundary (the client could run the same code with /exec); what the
+        The server forwards the bytes and reads only the frames' headers, for
+        its audit log (:mod:`agentnest.server.channel_audit`); bytes that are
+        not the agent protocol close the channel (1007).  The sandbox is the
+        boundary (the client could run the same code with /exec); what the
         server enforces is who may reach which sandbox, and the ceiling it was
         created under.  When either side goes away the agent's stream is
         closed, and the agent kills every command it started.
@@ -1003,6 +1013,21 @@ async def _pump(websocket: WebSocket, entry: _Entry) -> None:
     except AgentNestError as exc:
         await websocket.close(code=1011, reason=str(exc)[:120])
         return
+    # The server's audit log records what the client does over the channel too.
+    audit = ChannelAudit(_emitter_of(sandbox), entry.token_id)
+    garbage: list[str] = []
+
+    def read_agent() -> bytes:
+        data = stream.read(1 << 20)
+        audit.from_agent(data)
+        return data
+
+    def write_agent(data: bytes) -> None:
+        # Audited before it is forwarded: a command is recorded before it runs,
+        # and bytes that are not the agent protocol never reach the agent.
+        audit.from_client(data)
+        stream.write(data)
+
     try:
         await websocket.accept()
         async with anyio.create_task_group() as tg:
@@ -1010,7 +1035,7 @@ async def _pump(websocket: WebSocket, entry: _Entry) -> None:
             async def from_agent() -> None:
                 try:
                     while True:
-                        data = await anyio.to_thread.run_sync(stream.read, 1 << 20, abandon_on_cancel=True)
+                        data = await anyio.to_thread.run_sync(read_agent, abandon_on_cancel=True)
                         if not data:
                             break
                         await websocket.send_bytes(data)
@@ -1027,7 +1052,9 @@ async def _pump(websocket: WebSocket, entry: _Entry) -> None:
                         data = message.get("bytes")
                         if data is None:
                             break  # text frames are not part of the protocol
-                        await anyio.to_thread.run_sync(stream.write, data)
+                        await anyio.to_thread.run_sync(write_agent, data)
+                except WireError as exc:
+                    garbage.append(str(exc))
                 except (OSError, WebSocketDisconnect, RuntimeError):
                     pass
                 tg.cancel_scope.cancel()
@@ -1038,6 +1065,12 @@ async def _pump(websocket: WebSocket, entry: _Entry) -> None:
         with anyio.CancelScope(shield=True):
             # The agent sees end-of-file and kills every command it started.
             await anyio.to_thread.run_sync(stream.close)
+            audit.close()
+            if garbage:
+                log.warning("sandbox %s: closed a channel that sent %s", sandbox.id, garbage[0])
+                with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+                    # 1007: the payload is not the agent protocol.
+                    await websocket.close(code=1007, reason=f"not the agent protocol: {garbage[0]}"[:120])
             try:
                 await websocket.close()
             except (RuntimeError, OSError, WebSocketDisconnect):

@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agentnest import Sandbox
+from agentnest import MemoryObserver, Sandbox
+from agentnest.events import EventType
 from agentnest.runtime.docker import base_image
 from agentnest.runtime.remote import RemoteBackend
 from agentnest.server.app import ServerSettings, create_app
@@ -45,8 +46,9 @@ print(n)
 
 
 class Live:
-    def __init__(self, url: str, alice: str, bob: str) -> None:
+    def __init__(self, url: str, alice: str, bob: str, events: MemoryObserver) -> None:
         self.url = url
+        self.events = events
         self.alice = {"Authorization": f"Bearer {alice}"}
         self.bob = {"Authorization": f"Bearer {bob}"}
         self.alice_secret = alice
@@ -62,9 +64,12 @@ def live(tmp_path_factory: pytest.TempPathFactory, docker_client: Any) -> Iterat
     store = TokenStore(root / "tokens.json")
     _, alice = store.create("alice", Ceiling(max_sandboxes=4, max_memory=512 * 1024**2, max_timeout=300.0))
     _, bob = store.create("bob", Ceiling(max_sandboxes=2, max_timeout=300.0))
-    settings = ServerSettings(tokens=store, backends={"docker": "docker"}, image=base_image())
+    events = MemoryObserver()
+    settings = ServerSettings(
+        tokens=store, backends={"docker": "docker"}, image=base_image(), observers=(events,)
+    )
     with serve_in_thread(create_app(settings)) as url:
-        state = Live(url, alice, bob)
+        state = Live(url, alice, bob, events)
         yield state
         for headers in (state.alice, state.bob):  # whatever the tests (or the fuzz) left live
             with state.client(headers) as c:
@@ -158,6 +163,22 @@ def test_dropped_agent_channel_kills_its_commands(live: Live) -> None:
             sb._channel.close("client crashed")  # the websocket drops without a word
             wait_count(a, sb.id, tag, 0)
             assert sb.exec_shell("echo back").stdout == "back\n"  # a new agent, same sandbox
+
+        # The server's own audit log saw the command arrive over the channel, and end with it.
+        def remote_events() -> list[Any]:
+            return [e for e in live.events.events if e.sandbox_id == sb.id and e.actor == "remote"]
+
+        def sleeps() -> list[Any]:
+            return [e for e in remote_events() if "sleep 300 & echo go; wait" in e.data.get("argv", [])]
+
+        deadline = time.monotonic() + 10  # the relay records the end as it closes the agent's stream
+        while len(sleeps()) < 2:
+            assert time.monotonic() < deadline, remote_events()
+            time.sleep(0.05)
+        seen, (started, finished) = remote_events(), sleeps()
+        assert (started.type, finished.type) == (EventType.EXEC_STARTED, EventType.EXEC_FINISHED)
+        assert finished.data["cancelled"] is True and finished.data["reason"] == "the channel closed"
+        assert all(e.data["token"] == live.alice_secret.split("_")[1] for e in seen)
     finally:
         remote.close()
 
