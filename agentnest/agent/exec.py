@@ -14,6 +14,7 @@ time.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -68,6 +69,7 @@ class Command:
         "pid",
         "proc",
         "pty_fd",
+        "pty_name",
         "sent",
         "started",
         "status",
@@ -88,6 +90,7 @@ class Command:
         # The master side of the command's pseudo-terminal, if it has one
         # (output is read from it; stdin and resizes go to it).
         self.pty_fd: Optional[int] = None
+        self.pty_name: Optional[str] = None
         self.terminal = False
         # memoryviews: a partial pipe write advances a view instead of copying
         # the rest of the chunk (which made large stdin quadratic).
@@ -194,6 +197,7 @@ def _spawn_pty(
     master, slave = os.openpty()
     try:
         set_window_size(slave, size[0], size[1])
+        name = os.ttyname(slave)
 
         def controlling_terminal() -> None:  # in the child, after setsid()
             import fcntl
@@ -223,12 +227,176 @@ def _spawn_pty(
     cmd = Command(cid, proc, marker, limit)
     os.set_blocking(master, False)
     cmd.pty_fd = master
+    cmd.pty_name = name
     cmd.terminal = True
     cmd.fds[master] = 1
     # A second descriptor for writing: the selector keys registrations by fd,
     # and the master is already registered for reading.
     cmd.stdin_fd = os.dup(master)
     return cmd
+
+
+# -- terminal signals ------------------------------------------------------------------------
+#
+# On Linux, ^C, ^\ and ^Z typed into a terminal become SIGINT, SIGQUIT and
+# SIGTSTP for its foreground process group (the line discipline's ISIG).
+# gVisor (2022 releases) passes them through as plain input instead, so ^C
+# could not stop anything in ``agentnest shell``.  The agent probes once, on
+# its first terminal, which kind of kernel it has, and where the kernel does
+# not, it does what the line discipline would for the three characters.
+
+_TTY_SIGNALS: Optional[bool] = None
+_CONTROL = re.compile(b"[\\x00-\\x1f\\x7f]")
+
+_PROBE = (
+    "import os, signal, termios\n"
+    "signal.signal(signal.SIGINT, lambda *a: os._exit(42))\n"
+    "t = termios.tcgetattr(0); t[3] &= ~termios.ICANON; t[6][termios.VMIN] = 1\n"
+    "termios.tcsetattr(0, termios.TCSANOW, t)\n"
+    "os.write(1, b'r')\n"
+    "os._exit(7 if os.read(0, 1) else 8)\n"
+)
+
+
+def kernel_sends_tty_signals(python: str) -> bool:
+    """Whether this kernel turns a typed ^C into SIGINT (probed once, with ``python``)."""
+    global _TTY_SIGNALS
+    if _TTY_SIGNALS is None:
+        _TTY_SIGNALS = _probe_tty_signals(python)
+    return _TTY_SIGNALS
+
+
+def _probe_tty_signals(python: str) -> bool:
+    # A child on a new terminal, with ISIG on and ICANON off, is sent ^C: a
+    # kernel that signals ends it with 42; one that does not lets it read the
+    # byte (7).  Either answer comes at once; anything else counts as Linux.
+    master, slave = os.openpty()
+    ready_r, ready_w = os.pipe()
+    try:
+
+        def controlling_terminal() -> None:
+            import fcntl
+            import termios
+
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        try:
+            proc = subprocess.Popen(
+                [python, "-S", "-c", _PROBE],
+                stdin=slave,
+                stdout=ready_w,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=controlling_terminal,
+            )
+        except OSError:
+            return True
+        os.close(ready_w)
+        ready_w = -1
+        try:
+            os.read(ready_r, 1)  # its handler and terminal mode are set
+            os.write(master, b"\x03")
+            code = proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+            return True
+        return code != 7
+    finally:
+        for fd in (master, slave, ready_r, ready_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def needs_terminal_signals(data: bytes, python: str) -> bool:
+    """Whether keystrokes ``data`` need :func:`terminal_input` on this kernel."""
+    # Signal characters are control characters (or DEL) in practice: plain
+    # typing does not pay for a look at the terminal's settings.
+    return _CONTROL.search(data) is not None and not kernel_sends_tty_signals(python)
+
+
+def terminal_input(cmd: Command, data: bytes) -> bytes:
+    """Act on the signal characters in keystrokes for ``cmd``'s terminal, as Linux would.
+
+    Returns the bytes still to be written to the terminal.  Called only
+    where the kernel does not do this itself (see :func:`kernel_sends_tty_signals`).
+    """
+    if cmd.pty_name is None:
+        return data
+    import termios
+
+    try:
+        fd = os.open(cmd.pty_name, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return data
+    try:
+        attrs = termios.tcgetattr(fd)
+        if not attrs[3] & termios.ISIG:
+            return data
+        cc = attrs[6]
+        chars: Dict[int, int] = {}
+        for index, number in (
+            (termios.VINTR, signal.SIGINT),
+            (termios.VQUIT, signal.SIGQUIT),
+            (termios.VSUSP, signal.SIGTSTP),
+        ):
+            c = cc[index]
+            value = c[0] if isinstance(c, bytes) else c
+            if value:  # 0 (_POSIX_VDISABLE) switches it off
+                chars[value] = number
+        out = bytearray()
+        for byte in data:
+            sig = chars.get(byte)
+            if sig is None:
+                out.append(byte)
+                continue
+            if not attrs[3] & termios.NOFLSH:
+                # The keystrokes not yet read are discarded, as a signal
+                # character does on Linux (what precedes it in this chunk too).
+                del out[:]
+                cmd.stdin_queue.clear()
+                try:
+                    termios.tcflush(fd, termios.TCIFLUSH)
+                except termios.error:
+                    pass
+            for group in _foreground_groups(fd, cmd.pid):
+                try:
+                    os.killpg(group, sig)
+                except OSError:
+                    pass
+        return bytes(out)
+    except termios.error:
+        return data
+    finally:
+        os.close(fd)
+
+
+def _foreground_groups(fd: int, session: int) -> List[int]:
+    """The terminal's foreground process group, or the best guess where the kernel hides it.
+
+    gVisor answers ``TIOCGPGRP`` only to members of the terminal's session
+    and leaves ``tpgid`` out of ``/proc/<pid>/stat``; the agent is not in the
+    session.  Then the guess is the session's process groups other than its
+    leader's (a shell's jobs: under job control the foreground job is one of
+    them), or the leader's own group if it has started none.  Background jobs
+    of a shell are hit too there, where Linux would spare them.
+    """
+    try:
+        return [os.tcgetpgrp(fd)]
+    except OSError:
+        pass
+    groups = set()
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        pids = []
+    for pid in pids:
+        st = _proc_stat(pid)
+        if st is not None and st[2] == session:
+            groups.add(st[1])
+    jobs = sorted(groups - {session})
+    return jobs or [session]
 
 
 def set_window_size(fd: int, rows: int, cols: int) -> None:

@@ -202,6 +202,12 @@ class Agent:
         elif kind == "stdin":
             cmd = self.commands.get(rid or -1)
             if cmd is not None and cmd.stdin_fd is not None:
+                if (
+                    body
+                    and cmd.terminal
+                    and execmod.needs_terminal_signals(body, sys.executable or "python3")
+                ):
+                    body = execmod.terminal_input(cmd, body)
                 if body:
                     cmd.stdin_queue.append(memoryview(body))
                 if h.get("eof"):

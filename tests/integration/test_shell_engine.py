@@ -161,10 +161,12 @@ def test_shell_types_resizes_and_exits_with_the_shells_code(
     session.ask_until("stty size\n", "41 123")
     session.type("echo $TERM\n")
     session.expect("xterm-256color")
-    # ^C reaches the program in the sandbox, not agentnest: the shell prints the marker
-    # (not in the echoed line) just before it starts the sleep, and the sleep, if ^C
-    # did not reach it, would outlast the wait for the next line.
-    session.type("echo slee$((1))ping; sleep 600\n")
+    # ^C reaches the program in the sandbox, not agentnest. The marker (not in the echoed
+    # line) comes from the foreground job itself, which then becomes the sleep: ^C at any
+    # moment after it reaches that job (bash's own builtin echo would leave a window in
+    # which bash, not the job, holds the terminal). A sleep that ^C missed would outlast
+    # the wait for the next line.
+    session.type("sh -c 'echo slee$((1))ping; exec sleep 600'\n")
     session.expect("slee1ping\r\n")
     session.type("\x03")
     session.type("echo after-interrupt\n")
