@@ -616,7 +616,16 @@ class Sandbox:
         env: Mapping[str, str | Secret] | None,
         cwd: str | None,
         input: str | bytes | None,
+        *,
+        keep_stdin_open: bool = False,
+        pty: tuple[int, int] | None = None,
+        max_output: int | None = None,
     ) -> ExecHandle:
+        """Start a command through the guard (approval, audit event).
+
+        ``keep_stdin_open``, ``pty`` and ``max_output`` (default: the
+        policy's) are for ``agentnest shell``.
+        """
         # Every argument is checked before the guard records the start.
         if input is not None and not isinstance(input, (str, bytes)):
             raise ConfigurationError("input must be str, bytes or None")
@@ -628,8 +637,10 @@ class Sandbox:
                 env=call_env,
                 cwd=workdir,
                 timeout=timeout,
-                max_output=self._guard.policy.max_output_bytes,
+                max_output=self._guard.policy.max_output_bytes if max_output is None else max_output,
                 stdin=data,
+                keep_stdin_open=keep_stdin_open,
+                pty=pty,
             )
         except ChannelError as exc:
             raise self._lost(exc) from None

@@ -198,13 +198,6 @@ def _spawn_pty(
     try:
         set_window_size(slave, size[0], size[1])
         name = os.ttyname(slave)
-
-        def controlling_terminal() -> None:  # in the child, after setsid()
-            import fcntl
-            import termios
-
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
         proc = subprocess.Popen(
             argv,
             stdin=slave,
@@ -215,7 +208,7 @@ def _spawn_pty(
             start_new_session=True,
             close_fds=True,
             # preexec_fn is unsafe with threads; the agent has one.
-            preexec_fn=controlling_terminal,
+            preexec_fn=_take_terminal,
         )
     except BaseException:
         os.close(master)
@@ -273,13 +266,6 @@ def _probe_tty_signals(python: str) -> bool:
     master, slave = os.openpty()
     ready_r, ready_w = os.pipe()
     try:
-
-        def controlling_terminal() -> None:
-            import fcntl
-            import termios
-
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
         try:
             proc = subprocess.Popen(
                 [python, "-S", "-c", _PROBE],
@@ -288,7 +274,7 @@ def _probe_tty_signals(python: str) -> bool:
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=controlling_terminal,
+                preexec_fn=_take_terminal,
             )
         except OSError:
             return True
@@ -387,16 +373,20 @@ def _foreground_groups(fd: int, session: int) -> List[int]:
     except OSError:
         pass
     groups = set()
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        pids = []
-    for pid in pids:
+    for pid in _pids():
         st = _proc_stat(pid)
         if st is not None and st[2] == session:
             groups.add(st[1])
     jobs = sorted(groups - {session})
     return jobs or [session]
+
+
+def _take_terminal() -> None:
+    """In a child after ``setsid()``: make its stdin, a terminal, the controlling one."""
+    import fcntl
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 def set_window_size(fd: int, rows: int, cols: int) -> None:
@@ -416,6 +406,14 @@ def _grow_pipe(fd: int) -> None:
         fcntl.fcntl(fd, 1031, 1024 * 1024)  # F_SETPIPE_SZ
     except OSError:
         pass
+
+
+def _pids() -> List[str]:
+    """The process ids in /proc (as strings), or none if it cannot be read."""
+    try:
+        return [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
 
 
 def _proc_stat(pid: str) -> Optional[Tuple[int, int, int]]:
@@ -448,11 +446,7 @@ def tree(root: int, marker: str) -> Set[int]:
     needle = ("%s=%s" % (MARKER, marker)).encode()
     parents: Dict[int, int] = {}
     members: Set[int] = set()
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        pids = []
-    for p in pids:
+    for p in _pids():
         pid = int(p)
         if pid in (me, 1):
             continue

@@ -84,10 +84,7 @@ class Decoder:
                 if len(buf) - pos < PREFIX_SIZE:
                     break
                 hlen, blen = _PREFIX.unpack_from(buf, pos)
-                if hlen == 0 or hlen > self._max_header:
-                    raise WireError(f"frame header of {hlen} bytes is out of bounds")
-                if blen > self._max_body:
-                    raise WireError(f"frame body of {blen} bytes exceeds the limit of {self._max_body}")
+                check_prefix(hlen, blen, self._max_header, self._max_body)
                 self._need = (hlen, blen)
                 pos += PREFIX_SIZE
             hlen, blen = self._need
@@ -101,6 +98,16 @@ class Decoder:
         if pos:
             del buf[:pos]
         return out
+
+
+def check_prefix(
+    hlen: int, blen: int, max_header: int = MAX_HEADER_BYTES, max_body: int = MAX_BODY_BYTES
+) -> None:
+    """Refuse a frame whose prefix announces a header or body out of bounds."""
+    if hlen == 0 or hlen > max_header:
+        raise WireError(f"frame header of {hlen} bytes is out of bounds")
+    if blen > max_body:
+        raise WireError(f"frame body of {blen} bytes exceeds the limit of {max_body}")
 
 
 def decode_header(raw: bytes) -> Header:

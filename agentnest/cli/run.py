@@ -90,7 +90,10 @@ PROMPT_TIMEOUT = 300.0
 
 
 def sandbox_options(args: argparse.Namespace, timeout: float | None) -> dict[str, Any]:
-    """``Sandbox`` arguments from the options given (a profile fills in the rest)."""
+    """``Sandbox`` arguments from the options given (a profile fills in the rest).
+
+    Warns on stderr when ``--network open`` asks for unfiltered networking.
+    """
     from ..approvals import builtin
 
     options: dict[str, Any] = {}
@@ -113,6 +116,11 @@ def sandbox_options(args: argparse.Namespace, timeout: float | None) -> dict[str
         options["environment"] = dict(args.env)
     if args.network is not None:
         options["network_enabled"] = args.network == "open"
+        if args.network == "open":
+            print(
+                "agentnest: warning: the sandbox has unfiltered network access (--network open)",
+                file=sys.stderr,
+            )
     if args.verify:
         options["verify"] = True
     if args.approve is not None:
@@ -131,10 +139,6 @@ def handle(args: argparse.Namespace) -> int:
     argv = command_argv(args.command)
     timeout: float | None = args.timeout
     options = sandbox_options(args, timeout)
-    if args.network == "open":
-        print(
-            "agentnest: warning: the sandbox has unfiltered network access (--network open)", file=sys.stderr
-        )
     with status("creating a sandbox"):
         sandbox = Sandbox(**options)
     with sandbox:

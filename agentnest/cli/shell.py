@@ -114,10 +114,6 @@ def handle(args: argparse.Namespace) -> int:
     if args.lifetime is None and (profile is None or profile.timeout is None):
         options["timeout"] = max(DEFAULT_LIFETIME, (timeout or 0.0) + 60.0)
     interactive = _is_terminal(sys.stdin) and _is_terminal(sys.stdout)
-    if args.network == "open":
-        print(
-            "agentnest: warning: the sandbox has unfiltered network access (--network open)", file=sys.stderr
-        )
     with status("creating a sandbox"):
         sandbox = Sandbox(**options)
     with sandbox:
@@ -153,19 +149,16 @@ def _start(
     pty: tuple[int, int] | None,
 ) -> ExecHandle:
     """Start ``argv`` through the guard (approval, audit event) with stdin kept open."""
-    args, call_env, cwd, limit = sandbox._guard.exec_request(argv, timeout=timeout, env=env, cwd=None)
-    try:
-        return sandbox._ch().start_exec(
-            args,
-            env=call_env,
-            cwd=cwd,
-            timeout=limit,
-            max_output=UNBOUNDED if pty is not None else sandbox._guard.policy.max_output_bytes,
-            keep_stdin_open=True,
-            pty=pty,
-        )
-    except ChannelError as exc:
-        raise sandbox._lost(exc) from None
+    return sandbox._start(
+        argv,
+        timeout,
+        dict(env),
+        None,
+        None,
+        keep_stdin_open=True,
+        pty=pty,
+        max_output=UNBOUNDED if pty is not None else None,
+    )
 
 
 def _exit_code(sandbox: Sandbox, raw: RawExit, truncated: bool, timeout: float | None) -> int:

@@ -115,12 +115,7 @@ class FrameScanner:
                 hlen = int.from_bytes(self._buf[:4], "big")
                 blen = int.from_bytes(self._buf[4:8], "big")
                 self._buf.clear()
-                if hlen == 0 or hlen > wire.MAX_HEADER_BYTES:
-                    raise wire.WireError(f"frame header of {hlen} bytes is out of bounds")
-                if blen > wire.MAX_BODY_BYTES:
-                    raise wire.WireError(
-                        f"frame body of {blen} bytes exceeds the limit of {wire.MAX_BODY_BYTES}"
-                    )
+                wire.check_prefix(hlen, blen)
                 self._need, self._body = hlen, blen
                 self._state = "header"
                 continue
