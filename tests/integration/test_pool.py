@@ -18,18 +18,11 @@ from agentnest import (
     SandboxPool,
     SecurityPolicy,
 )
+from agentnest.testing.wait import wait_until
 
 from .helpers import container_of, containers_of, owned_containers, processes
 
 WAIT = 60.0
-
-
-def wait_until(predicate: Callable[[], bool], what: str, within: float = WAIT) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not happen within {within}s")
-        time.sleep(0.05)
 
 
 def factory_for(backend_name: str) -> Callable[[], Sandbox]:

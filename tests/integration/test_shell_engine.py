@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from agentnest.runtime.docker import labels
+from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -112,14 +113,6 @@ class Session:
         except (ProcessLookupError, ChildProcessError):
             pass
         os.close(self.master)
-
-
-def wait_until(predicate: Callable[[], bool], what: str, within: float = WAIT) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not happen within {within}s")
-        time.sleep(0.05)
 
 
 def containers_of(api: Any, owner: str) -> list[Any]:

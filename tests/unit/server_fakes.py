@@ -10,75 +10,42 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentnest.channel.streams import ByteStream
-from agentnest.config import SandboxConfig
 from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
 from agentnest.server.app import ServerSettings
 from agentnest.server.auth import Ceiling, TokenStore
-from agentnest.testing.process import LocalAgent
+from agentnest.testing import process
 
 IMAGE = "local/test:1"
 
 
-class LocalBackend(RuntimeBackend):
+class LocalBackend(process.LocalBackend):
     """Each sandbox is a LocalAgent in its own directory; every agent of it is tracked."""
 
     name = "local-test"
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.agents: dict[str, list[LocalAgent]] = {}
-        self.created: list[SandboxConfig] = []
-        self.destroyed: list[str] = []
-        self._lock = threading.Lock()
-
-    def capabilities(self) -> frozenset[Capability]:
-        return frozenset(
-            {
-                Capability.NETWORK_DENIED,
-                Capability.RESOURCE_LIMITS,
-                Capability.READ_ONLY_ROOT,
-                Capability.EXTEND,
-            }
+        super().__init__(
+            root,
+            frozenset(
+                {
+                    Capability.NETWORK_DENIED,
+                    Capability.RESOURCE_LIMITS,
+                    Capability.READ_ONLY_ROOT,
+                    Capability.EXTEND,
+                }
+            ),
         )
-
-    def create(self, config: SandboxConfig) -> SandboxHandle:
-        sid = uuid.uuid4().hex[:12]
-        workspace = self.root / sid
-        workspace.mkdir()
-        with self._lock:
-            self.created.append(config)
-            self.agents[sid] = []
-        return SandboxHandle(sid, self.name, time.time() + config.lifetime, {"workspace": str(workspace)})
-
-    def open_channel(self, handle: SandboxHandle) -> ByteStream:
-        agent = LocalAgent(handle.info["workspace"])
-        with self._lock:
-            self.agents.setdefault(handle.id, []).append(agent)
-        return agent.stream
 
     def is_running(self, handle: SandboxHandle) -> bool:
         with self._lock:
-            return handle.id in self.agents and handle.id not in self.destroyed
+            return handle.id in self.created and handle.id not in self.destroyed
 
     def extend(self, handle: SandboxHandle, deadline: float) -> None:
         handle.deadline = deadline
-
-    def destroy(self, handle: SandboxHandle) -> None:
-        with self._lock:
-            agents = self.agents.pop(handle.id, None)
-            if agents is None:
-                return
-            self.destroyed.append(handle.id)
-        for agent in agents:
-            agent.kill()
 
     def live_agents(self) -> int:
         with self._lock:
@@ -128,15 +95,6 @@ def tagged(tag: str) -> list[int]:
         if needle in env.split(b"\0") and state not in b"ZX":
             found.append(int(pid))
     return found
-
-
-def wait_for(predicate: Callable[[], Any], what: str, within: float = 15.0) -> None:
-    """Poll a condition with a deadline (the condition is the signal; the poll only paces it)."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @contextlib.contextmanager

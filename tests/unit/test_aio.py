@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 import pytest
+from server_fakes import tagged
 
 from agentnest import (
     AsyncExecutionStream,
@@ -93,23 +94,6 @@ class LocalBackend(RuntimeBackend):
         if agent is not None:
             agent.kill()
             self.destroyed.append(handle.id)
-
-
-def tagged(tag: str) -> list[int]:
-    """PIDs of live (non-zombie) processes whose environment carries ``AN_TAG=tag``."""
-    needle = f"AN_TAG={tag}".encode()
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-            stat = Path(f"/proc/{pid}/stat").read_bytes()
-        except OSError:
-            continue
-        if needle in env.split(b"\0") and stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in b"ZX":
-            found.append(int(pid))
-    return found
 
 
 async def wait_for(predicate: Callable[[], Any], what: str, within: float = WAIT) -> None:

@@ -31,6 +31,7 @@ from agentnest.cli._output import is_terminal, print_table, status
 from agentnest.errors import ChannelError
 from agentnest.runtime import bootstrap, registry
 from agentnest.testing.process import LocalAgent, LocalBackend
+from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,14 +44,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return raw[raw.rfind(b")") + 2 : raw.rfind(b")") + 3] not in (b"Z", b"X")
-
-
-def wait_until(predicate: Callable[[], bool], what: str, within: float = WAIT) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not happen within {within}s")
-        time.sleep(0.02)
 
 
 class Terminal:

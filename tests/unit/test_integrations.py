@@ -116,14 +116,6 @@ def deny(kind: str) -> Any:
     return hook
 
 
-def wait_until(predicate: Any, what: str, within: float = WAIT) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not happen within {within}s")
-        time.sleep(0.01)
-
-
 # -- SandboxRunner: Python ------------------------------------------------------------------
 
 

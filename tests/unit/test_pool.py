@@ -31,19 +31,11 @@ from agentnest import (
 )
 from agentnest.errors import ChannelError
 from agentnest.pool import CLEAN_SCRIPT
+from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 WAIT = 10.0
-
-
-def wait_until(predicate: Callable[[], bool], what: str, within: float = WAIT) -> None:
-    """Poll a condition the pool's threads will make true, with a deadline."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not happen within {within}s")
-        time.sleep(0.002)
 
 
 class FakeSandbox:

@@ -206,29 +206,35 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Ser
         backend.kill_all()
 
 
-def token_id(secret: str) -> str:
-    return secret.split("_")[1]
+class Client:
+    """A new token of the audited server and a remote backend with it."""
+
+    def __init__(self, audited: tuple[str, ServerSettings, MemoryObserver]) -> None:
+        self.url, settings, self.events = audited
+        self.secret = add_token(settings, f"c-{uuid.uuid4().hex[:6]}")
+        self.token_id = self.secret.split("_")[1]
+        self.remote = RemoteBackend(self.url, self.secret)
 
 
-def test_the_server_records_what_a_remote_client_does(
-    audited: tuple[str, ServerSettings, MemoryObserver],
-) -> None:
-    url, settings, events = audited
-    secret = add_token(settings, f"a-{uuid.uuid4().hex[:6]}")
-    remote = RemoteBackend(url, secret)
-    try:
-        key = "k-" + uuid.uuid4().hex
-        with Sandbox(IMAGE, timeout=60, backend=remote, environment={"API_KEY": Secret(key)}) as sb:
-            sid = sb.id
-            sb.exec_shell("echo audited; exit 3", env={"PLAIN": "value-" + "9" * 12})
-            sb.write_file("notes/a.txt", "x" * 5000)
-            assert sb.read_file("notes/a.txt") == "x" * 5000
-            sb.remove_file("notes/a.txt")
-            assert sb.python_session().run("6 * 7").result == "42"
-            # A secret given at creation is known to the server's guard too: in argv it is redacted.
-            sb.exec(["true", key])
-    finally:
-        remote.close()
+@pytest.fixture
+def client(audited: tuple[str, ServerSettings, MemoryObserver]) -> Iterator[Client]:
+    made = Client(audited)
+    yield made
+    made.remote.close()
+
+
+def test_the_server_records_what_a_remote_client_does(client: Client) -> None:
+    key = "k-" + uuid.uuid4().hex
+    with Sandbox(IMAGE, timeout=60, backend=client.remote, environment={"API_KEY": Secret(key)}) as sb:
+        sid = sb.id
+        sb.exec_shell("echo audited; exit 3", env={"PLAIN": "value-" + "9" * 12})
+        sb.write_file("notes/a.txt", "x" * 5000)
+        assert sb.read_file("notes/a.txt") == "x" * 5000
+        sb.remove_file("notes/a.txt")
+        assert sb.python_session().run("6 * 7").result == "42"
+        # A secret given at creation is known to the server's guard too: in argv it is redacted.
+        sb.exec(["true", key])
+    events = client.events
     mine = [e for e in events.events if e.sandbox_id == sid and e.actor == "remote"]
     kinds = [e.type for e in mine]
     for kind in (
@@ -240,7 +246,7 @@ def test_the_server_records_what_a_remote_client_does(
         EventType.SESSION_RAN,
     ):
         assert kind in kinds, kinds
-    assert all(e.data["token"] == token_id(secret) for e in mine)
+    assert all(e.data["token"] == client.token_id for e in mine)
     shell = next(
         e for e in mine if e.type == EventType.EXEC_STARTED and "echo audited" in " ".join(e.data["argv"])
     )
@@ -256,26 +262,19 @@ def test_the_server_records_what_a_remote_client_does(
     assert any(e.data["argv"] == ["true", "[REDACTED]"] for e in mine if e.type == EventType.EXEC_STARTED)
 
 
-def test_garbage_on_the_channel_closes_it_before_the_agent_sees_it(
-    audited: tuple[str, ServerSettings, MemoryObserver],
-) -> None:
+def test_garbage_on_the_channel_closes_it_before_the_agent_sees_it(client: Client) -> None:
     from websockets.sync.client import connect
 
-    url, settings, _ = audited
-    secret = add_token(settings, f"g-{uuid.uuid4().hex[:6]}")
-    remote = RemoteBackend(url, secret)
-    try:
-        with Sandbox(IMAGE, timeout=60, backend=remote) as sb:
-            target = url.replace("http://", "ws://") + f"/v1/sandboxes/{sb.id}/channel"
-            with connect(target, additional_headers={"Authorization": f"Bearer {secret}"}) as ws:
-                ws.send(bootstrap.bundle() + b"\x00\x00\x00\x05\x00\x00\x00\x00{bad}")
-                with pytest.raises(Exception) as closed:  # websockets' close classes vary by version
-                    while True:
-                        ws.recv(timeout=10)
-                assert getattr(closed.value, "rcvd", None) is not None, closed.value
-                assert closed.value.rcvd.code == 1007  # type: ignore[attr-defined]
-                assert "not the agent protocol" in closed.value.rcvd.reason  # type: ignore[attr-defined]
-            # The sandbox and its own channel are untouched.
-            assert sb.exec_shell("echo fine").stdout == "fine\n"
-    finally:
-        remote.close()
+    url, secret = client.url, client.secret
+    with Sandbox(IMAGE, timeout=60, backend=client.remote) as sb:
+        target = url.replace("http://", "ws://") + f"/v1/sandboxes/{sb.id}/channel"
+        with connect(target, additional_headers={"Authorization": f"Bearer {secret}"}) as ws:
+            ws.send(bootstrap.bundle() + b"\x00\x00\x00\x05\x00\x00\x00\x00{bad}")
+            with pytest.raises(Exception) as closed:  # websockets' close classes vary by version
+                while True:
+                    ws.recv(timeout=10)
+            assert getattr(closed.value, "rcvd", None) is not None, closed.value
+            assert closed.value.rcvd.code == 1007  # type: ignore[attr-defined]
+            assert "not the agent protocol" in closed.value.rcvd.reason  # type: ignore[attr-defined]
+        # The sandbox and its own channel are untouched.
+        assert sb.exec_shell("echo fine").stdout == "fine\n"

@@ -9,12 +9,13 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from server_fakes import IMAGE, LocalBackend, add_token, auth, killed_on_exit, make_settings, tagged, wait_for
+from server_fakes import IMAGE, LocalBackend, add_token, auth, killed_on_exit, make_settings, tagged
 
 from agentnest import ChannelError, ConfigurationError, Sandbox, SandboxDestroyedError
 from agentnest.runtime.remote import RemoteBackend
 from agentnest.server.app import ServerSettings, create_app
 from agentnest.server.thread import serve_in_thread
+from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -122,9 +123,9 @@ def test_disconnecting_mid_stream_kills_the_command(
             assert next(lines) == "event: stdout"
             assert next(lines) == 'data: {"data": "started\\n"}'
             # A child caught between fork and exec shows no environment for a moment.
-            wait_for(lambda: len(tagged(tag)) == 3, "sh and both sleeps to run")
+            wait_until(lambda: len(tagged(tag)) == 3, "sh and both sleeps to run")
         # The client went away: the server noticed and killed the whole tree.
-        wait_for(lambda: tagged(tag) == [], "the command's process tree to die")
+        wait_until(lambda: tagged(tag) == [], "the command's process tree to die")
         events = client.post(f"/v1/sandboxes/{sid}/exec/stream", json={"shell": "echo a; exit 4"}).text
         assert (
             events.endswith('"signal": null}\n\n') and "event: exit" in events and '"exit_code": 4' in events
@@ -141,11 +142,11 @@ def test_closing_the_agent_channel_kills_its_commands(
             stream = sb.stream_shell("sleep 60 & echo go; wait", env={"AN_TAG": tag})
             chunks = iter(stream)
             assert next(chunks).data == "go\n"
-            wait_for(lambda: len(tagged(tag)) == 2, "sh and the sleep to run")
+            wait_until(lambda: len(tagged(tag)) == 2, "sh and the sleep to run")
             # The client process "crashes": its websocket closes without a word.
             assert sb._channel is not None
             sb._channel.close("client gone")
-            wait_for(lambda: tagged(tag) == [], "the agent to kill its commands")
+            wait_until(lambda: tagged(tag) == [], "the agent to kill its commands")
             assert sb.exec_shell("echo new agent").stdout == "new agent\n"
     finally:
         remote.close()
