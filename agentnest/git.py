@@ -39,26 +39,27 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
-from .config import ExecutionResult
+from .config import ExecutionResult as ExecutionResult  # 0.3.0 had it here
 from .errors import ConfigurationError, ExecutionError, ExecutionTimeoutError
+from .sandbox import Sandbox as Sandbox  # 0.3.0 had it here
 from .secrets import Secret
-
-if TYPE_CHECKING:
-    from .sandbox import Sandbox
 
 __all__ = [
     "CloneResult",
     "DiffFile",
+    "ExecutionResult",
     "GitDiff",
     "GitError",
     "GitStatus",
     "GitWorkspace",
+    "Sandbox",
     "StatusEntry",
     "TestRun",
 ]
@@ -113,20 +114,22 @@ class GitError(ExecutionError):
 
 
 @dataclass(frozen=True, slots=True)
-class CloneResult:
-    """What :meth:`GitWorkspace.clone` did.
+class CloneResult(ExecutionResult):
+    """What :meth:`GitWorkspace.clone` did: the ``git clone`` command's result, and more.
+
+    An :class:`~agentnest.ExecutionResult` (0.3.0's ``clone`` returned one):
+    ``exit_code``, ``stdout``, ``stderr`` (git's progress, redacted),
+    ``ok``, ``check()`` and ``output`` are the clone command's.
 
     .. versionadded:: 0.4.0
     """
 
-    path: str
+    path: str = ""
     """The repository's directory, relative to the workspace."""
-    head: str
+    head: str = ""
     """The checked-out commit (full hex id)."""
-    branch: str | None
+    branch: str | None = None
     """The checked-out branch (None for a detached HEAD)."""
-    output: str
-    """git's progress output (redacted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,12 +162,31 @@ class StatusEntry:
         return self.index == "U" or self.worktree == "U"
 
 
-@dataclass(frozen=True, slots=True)
-class GitStatus:
-    """``git status`` of a repository, parsed.
+# GitStatus and GitDiff are str subclasses because 0.3.0's status() and diff()
+# returned str: a 0.3.0 caller keeps its string (`if repo.status():`,
+# `"calc.py" in repo.diff()`, `print(...)`), ours reads the parsed fields.  A str
+# subclass cannot have __slots__, and equality and hashing stay str's (eq=False),
+# so that a result equals, and hashes like, its text.
+
+
+@dataclass(frozen=True, eq=False)
+class GitStatus(str):
+    """``git status`` of a repository, parsed; as a ``str``, ``git status --short``.
 
     .. versionadded:: 0.4.0
     """
+
+    def __new__(
+        cls,
+        branch: str | None,
+        head: str | None,
+        upstream: str | None = None,
+        ahead: int = 0,
+        behind: int = 0,
+        entries: tuple[StatusEntry, ...] = (),
+        text: str = "",
+    ) -> GitStatus:
+        return super().__new__(cls, text)
 
     branch: str | None
     """The current branch (None for a detached HEAD)."""
@@ -174,11 +196,17 @@ class GitStatus:
     ahead: int = 0
     behind: int = 0
     entries: tuple[StatusEntry, ...] = ()
+    text: str = ""
+    """``git status --short`` (what 0.3.0's ``status()`` returned); also the str value."""
 
     @property
     def clean(self) -> bool:
         """No staged, unstaged or untracked changes."""
         return not self.entries
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # str's own reduce would rebuild from the text alone (copy, pickle).
+        return (type(self), _field_values(self))
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,12 +226,15 @@ class DiffFile:
         return self.added is None
 
 
-@dataclass(frozen=True, slots=True)
-class GitDiff:
-    """A diff: the patch text and the files it touches.
+@dataclass(frozen=True, eq=False)
+class GitDiff(str):
+    """A diff: the patch text and the files it touches; as a ``str``, the patch text.
 
     .. versionadded:: 0.4.0
     """
+
+    def __new__(cls, text: str = "", files: tuple[DiffFile, ...] = (), truncated: bool = False) -> GitDiff:
+        return super().__new__(cls, text)
 
     text: str
     """The unified diff (redacted; cut at the policy's ``max_output_bytes``)."""
@@ -213,6 +244,13 @@ class GitDiff:
     @property
     def empty(self) -> bool:
         return not self.files
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), _field_values(self))
+
+
+def _field_values(obj: Any) -> tuple[Any, ...]:
+    return tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,19 +291,52 @@ class GitWorkspace:
     Args:
         sandbox: the :class:`~agentnest.Sandbox`; its image must have ``git``.
         path: the repository's directory, relative to the workspace
-            (``"."`` for the workspace itself).  :meth:`clone` with ``dest``
-            moves the helper to the new clone.
+            (``"."`` for the workspace itself), or absolute inside it
+            (0.3.0's ``directory``, such as ``/workspace/repo``).
+            :meth:`clone` with ``dest`` moves the helper to the new clone.
+        directory: 0.3.0's name for ``path`` (by keyword; an absolute path
+            or one relative to the workspace).
 
     Every method runs git in the sandbox through the public API (``exec``),
     so the approval hook, the audit events and redaction all apply; a
-    failing git command raises :class:`GitError` with the result attached.
+    failing git command raises :class:`GitError` with the result attached
+    (:meth:`apply_patch` returns its result instead, as in 0.3.0).
+
+    Raises:
+        ConfigurationError: the directory is outside the workspace, or both
+            ``path`` and ``directory`` were given.
 
     .. versionadded:: 0.4.0
+       ``path`` (0.3.0: ``directory``, still accepted), the parsed results,
+       credentials, :meth:`run_tests`.
     """
 
-    def __init__(self, sandbox: Sandbox, path: str = "repo") -> None:
+    __slots__ = ("path", "sandbox")
+
+    def __init__(self, sandbox: Sandbox, path: str = "repo", *, directory: str | None = None) -> None:
         self.sandbox = sandbox
-        self.path = _relative(path, "path")
+        if directory is not None:
+            if path != "repo":
+                raise ConfigurationError("give the repository's directory once: path or directory")
+            path, what = directory, "directory"
+        else:
+            what = "path"
+        self.path = _relative(path, what, self._workdir())
+
+    @property
+    def directory(self) -> str:
+        """The repository's absolute directory in the sandbox (0.3.0's attribute).
+
+        Setting it moves the helper, as setting ``path`` does.
+        """
+        return posixpath.normpath(posixpath.join(self._workdir(), self.path))
+
+    @directory.setter
+    def directory(self, value: str) -> None:
+        self.path = _relative(value, "directory", self._workdir())
+
+    def _workdir(self) -> str:
+        return str(self.sandbox.config.workdir)
 
     # -- clone ------------------------------------------------------------------------
 
@@ -273,8 +344,9 @@ class GitWorkspace:
         self,
         url: str,
         *,
+        ref: str | None = None,
+        depth: int | None = 1,
         branch: str | None = None,
-        depth: int | None = None,
         credentials: Secret | None = None,
         username: str = "x-access-token",
         dest: str | None = None,
@@ -286,9 +358,11 @@ class GitWorkspace:
             url: ``https://``, ``http://``, ``ssh://``, ``git://`` or
                 ``file://`` (a local path works too).  Put no credentials
                 in it: it shows in command lines and events.
+            ref: 0.3.0's name for ``branch``.
+            depth: shallow clone with this many commits (default 1, as in
+                0.3.0; ``None`` for the whole history).  For local sources
+                use a ``file://`` URL: git ignores depth for plain paths.
             branch: branch or tag to check out.
-            depth: shallow clone with this many commits (for local sources
-                use a ``file://`` URL: git ignores depth for plain paths).
             credentials: the password or token, as a :class:`Secret`, given
                 to git when an HTTP(S) remote asks for credentials (SSH keys
                 are not supported).
@@ -297,11 +371,23 @@ class GitWorkspace:
                 the helper then works on it.
             timeout: seconds before the clone is killed.
 
+        Returns:
+            A :class:`CloneResult`: the clone command's
+            :class:`~agentnest.ExecutionResult` (what 0.3.0 returned) with
+            the path, head and branch.
+
         Raises:
             ConfigurationError: a bad argument (``credentials`` not a Secret,
                 a URL with a password in it, an option-like branch...).
-            GitError: git failed (unreachable, refused, authentication).
+            GitError: git failed (unreachable, refused, authentication);
+                ``.result`` is the failed command's result.  (0.3.0 returned
+                it instead; raising keeps a program from working on a
+                repository that is not there.)
         """
+        if ref is not None:
+            if branch is not None:
+                raise ConfigurationError("give the branch once: branch= or ref= (0.3.0's name)")
+            branch = ref
         url = _text(url, "url")
         if url.startswith("-") or not url:
             raise ConfigurationError(f"url={url!r} is not a repository URL")
@@ -315,7 +401,7 @@ class GitWorkspace:
                 "credentials must be an agentnest.Secret, so that they are redacted everywhere; "
                 f"got {type(credentials).__name__}"
             )
-        target = _relative(dest, "dest") if dest is not None else self.path
+        target = _relative(dest, "dest", self._workdir()) if dest is not None else self.path
         args = ["clone", "--no-hardlinks"]
         if branch is not None:
             args += ["--branch", _ref(branch, "branch")]
@@ -345,17 +431,22 @@ class GitWorkspace:
             self.path = target
         head = self._git(["rev-parse", "HEAD"]).stdout.strip()
         current = self._git(["symbolic-ref", "-q", "--short", "HEAD"], check=False)
+        fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(ExecutionResult) if f.init}
         return CloneResult(
+            **fields,
             path=target,
             head=head,
             branch=(current.stdout.strip() or None) if current.ok else None,
-            output=result.stdout + result.stderr,
         )
 
     # -- inspecting ---------------------------------------------------------------------
 
     def status(self, *, untracked: bool = True) -> GitStatus:
         """``git status`` parsed: branch, upstream, ahead/behind and changed paths.
+
+        The result is also a ``str``: ``git status --short``, what 0.3.0's
+        ``status()`` returned (there untracked directories show as one
+        entry, as git shows them; ``entries`` lists every file).
 
         Args:
             untracked: list untracked files (every file, not just directories).
@@ -369,7 +460,8 @@ class GitWorkspace:
                 f"--untracked-files={'all' if untracked else 'no'}",
             ]
         )
-        return _parse_status(result.stdout)
+        short = self._git(["status", "--short", *(() if untracked else ("--untracked-files=no",))])
+        return dataclasses.replace(_parse_status(result.stdout), text=short.stdout)
 
     def diff(
         self,
@@ -390,6 +482,8 @@ class GitWorkspace:
             context: lines of context around each change.
 
         Untracked files are not in a diff (as in git); :meth:`status` lists them.
+        The result is also a ``str``, the patch text (0.3.0's ``diff()``
+        returned that).
         """
         if isinstance(context, bool) or not isinstance(context, int) or not 0 <= context <= 1000:
             raise ConfigurationError(f"context={context!r} must be an int from 0 to 1000")
@@ -405,6 +499,36 @@ class GitWorkspace:
             text=patch.stdout,
             files=_parse_numstat(numstat.stdout),
             truncated=patch.truncated or numstat.truncated,
+        )
+
+    # -- changing --------------------------------------------------------------------------
+
+    def apply_patch(self, patch: str | bytes, *, timeout: float = GIT_TIMEOUT) -> ExecutionResult:
+        """Apply a unified diff to the working tree (``git apply``), as 0.3.0 did.
+
+        The patch goes to git on its stdin (no file is left in the
+        repository).  A patch that does not apply is a result, not an error:
+        check ``ok`` (or call ``check()``); nothing was changed then.
+
+        Args:
+            patch: the diff, as :meth:`diff` returns it.
+            timeout: seconds before git is killed.
+
+        Returns:
+            The ``git apply`` command's :class:`~agentnest.ExecutionResult`.
+
+        .. versionadded:: 0.4.0
+           (0.3.0 wrote the patch to ``.agentnest.patch`` in the workspace first.)
+        """
+        if not isinstance(patch, (str, bytes)):
+            raise ConfigurationError(f"patch must be str or bytes, not {type(patch).__name__}")
+        return self._run(
+            [*_GIT, "-C", self.path, "apply", "--whitespace=nowarn", "-"],
+            cwd=None,
+            timeout=timeout,
+            input=patch,
+            check=False,
+            what="git apply",
         )
 
     # -- testing -------------------------------------------------------------------------
@@ -459,7 +583,7 @@ class GitWorkspace:
         *,
         cwd: str | None,
         timeout: float,
-        input: str | None = None,
+        input: str | bytes | None = None,
         check: bool = True,
         what: str | None = None,
     ) -> ExecutionResult:
@@ -587,11 +711,18 @@ def _text(value: object, what: str) -> str:
     return value
 
 
-def _relative(path: str | None, what: str) -> str:
+def _relative(path: str | None, what: str, workdir: str | None = None) -> str:
+    """``path`` relative to the workspace; an absolute one must lie inside ``workdir``."""
     path = _text(path, what)
     norm = posixpath.normpath(path)
+    if workdir is not None and norm.startswith("/"):
+        # 0.3.0 spelled directories absolute (/workspace/repo): same directory.
+        root = posixpath.normpath(workdir)
+        if norm == root or norm.startswith(root.rstrip("/") + "/"):
+            norm = posixpath.relpath(norm, root)
     if not path or norm.startswith("/") or norm == ".." or norm.startswith("../") or norm.startswith("-"):
-        raise ConfigurationError(f"{what}={path!r} must be a directory relative to the workspace")
+        where = f" (or absolute inside {workdir})" if workdir is not None else ""
+        raise ConfigurationError(f"{what}={path!r} must be a directory relative to the workspace{where}")
     return norm
 
 

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import functools
 import threading
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -56,6 +58,7 @@ from ..session import DisplayItem, PythonSession, SessionResult
 if TYPE_CHECKING:
     from ..aio import AsyncSandbox
     from ..config import ExecutionResult
+    from ..policy import SecurityPolicy
     from ..sandbox import Sandbox
 
 __all__ = ["DEFAULT_MAX_OUTPUT_CHARS", "RunOutput", "SandboxRunner"]
@@ -63,7 +66,7 @@ __all__ = ["DEFAULT_MAX_OUTPUT_CHARS", "RunOutput", "SandboxRunner"]
 #: Characters of ``RunOutput.text`` kept by default (head and tail).
 DEFAULT_MAX_OUTPUT_CHARS = 20_000
 #: Seconds one call may run by default before it is interrupted.
-DEFAULT_TIMEOUT = 120.0
+DEFAULT_TIMEOUT = 300
 
 Language = Literal["python", "shell"]
 _T = TypeVar("_T")
@@ -101,6 +104,8 @@ class RunOutput:
     """Output was cut: by the sandbox's ``max_output_bytes`` or by ``max_output_chars``."""
     display: tuple[DisplayItem, ...] = ()
     """Python: rich outputs (figures, HTML), as :class:`~agentnest.DisplayItem`."""
+    note: str | None = None
+    """The runner's own one-line remark on the call (timed out, interpreter lost), also in ``text``."""
 
     def __str__(self) -> str:
         return self.text
@@ -130,16 +135,42 @@ class SandboxRunner:
             print(runner.run_python("math.pi * r ** 2").text)   # Out: 12.566370614359172
             print(runner.run_shell("ls /workspace; exit 3").text)
 
+        # 0.3.0's form: the runner creates (and owns) its sandbox.
+        with SandboxRunner(network_enabled=False) as runner:
+            print(runner.run("print(6 * 7)"))                  # 42
+
     Args:
-        sandbox: a :class:`~agentnest.Sandbox` or :class:`~agentnest.AsyncSandbox`.
-            The runner does not own it: destroy it yourself (``close()`` only
-            ends the runner's Python session).
+        sandbox: a :class:`~agentnest.Sandbox` or :class:`~agentnest.AsyncSandbox`
+            to work in; the runner does not own it (``close()`` only ends the
+            runner's Python session: destroy it yourself).  ``None`` (or an
+            image reference, 0.3.0's ``runtime``) makes the runner create a
+            sandbox, ``Sandbox(image, timeout, network_enabled=...,
+            security_policy=..., **sandbox_kwargs)``, which it owns:
+            ``close()`` destroys it (so do the runner's garbage collection
+            and the interpreter's exit).
         timeout: seconds one call may run (Python code is interrupted with
             ``KeyboardInterrupt`` and keeps its variables; a shell command is
-            killed with its process tree).
-        max_output_chars: bound on ``RunOutput.text``.
+            killed with its process tree).  A sandbox the runner creates also
+            lives this long (0.3.0's meaning of ``timeout``).
+        network_enabled: 0.3.0 switch for open networking of the sandbox the
+            runner creates; prefer ``security_policy``.
+        security_policy: the policy of the sandbox the runner creates.
+        stateful: True (default) runs Python in one persistent session;
+            False runs each call in a fresh interpreter (a one-shot
+            ``exec_python``), so nothing is kept between calls.
+        max_output_chars: bound on ``RunOutput.text`` (and on :meth:`run`'s text).
         raise_denied: raise :class:`PolicyDeniedError` instead of answering
             ``"denied: ..."``.
+        runtime: 0.3.0's name for the image of the sandbox the runner
+            creates (deprecated: pass the image as the first argument or as
+            ``image=``).
+        sandbox_kwargs: any other :class:`~agentnest.Sandbox` argument for
+            the sandbox the runner creates (``image``, ``memory``,
+            ``environment``, ``backend``, ``observers``...).
+
+    Raises:
+        ConfigurationError: a bad argument, or a sandbox given together with
+            arguments for creating one.
 
     One call runs at a time (calls from several threads wait their turn):
     the Python session runs one piece of code at a time, like a notebook.
@@ -148,25 +179,26 @@ class SandboxRunner:
     on until its timeout).
 
     .. versionadded:: 0.4.0
+       A sandbox as the first argument, ``max_output_chars``, ``raise_denied``
+       and ``**sandbox_kwargs``; the ``run_*`` methods.
     """
 
     def __init__(
         self,
-        sandbox: Sandbox | AsyncSandbox,
+        sandbox: Sandbox | AsyncSandbox | str | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT,
+        network_enabled: bool = False,
+        security_policy: SecurityPolicy | None = None,
+        stateful: bool = True,
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         raise_denied: bool = False,
+        runtime: str | None = None,
+        **sandbox_kwargs: Any,
     ) -> None:
         from ..aio import AsyncSandbox
         from ..sandbox import Sandbox
 
-        if isinstance(sandbox, AsyncSandbox):
-            sandbox = sandbox._sandbox
-        if not isinstance(sandbox, Sandbox):
-            raise ConfigurationError(
-                f"SandboxRunner needs a Sandbox or AsyncSandbox, not {type(sandbox).__name__}"
-            )
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ConfigurationError(f"timeout={timeout!r} must be a positive number of seconds")
         if (
@@ -175,8 +207,60 @@ class SandboxRunner:
             or max_output_chars < 200
         ):
             raise ConfigurationError(f"max_output_chars={max_output_chars!r} must be an int of at least 200")
-        self._sandbox = sandbox
+        if not isinstance(stateful, bool):
+            raise ConfigurationError(f"stateful={stateful!r} must be True or False")
+        if runtime is not None:
+            warnings.warn(
+                "SandboxRunner(): runtime= is the 0.3.0 name of image=; it still works but use "
+                "image= (or pass the image first)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        if isinstance(sandbox, AsyncSandbox):
+            sandbox = sandbox._sandbox
+        if isinstance(sandbox, Sandbox):
+            given = [
+                name
+                for name, value in (
+                    ("network_enabled", network_enabled),
+                    ("security_policy", security_policy),
+                    ("runtime", runtime),
+                )
+                if value is not None and value is not False
+            ] + sorted(sandbox_kwargs)
+            if given:
+                raise ConfigurationError(
+                    "pass a sandbox or arguments to create one, not both "
+                    f"(got a sandbox and {', '.join(given)})"
+                )
+            self._sandbox = sandbox
+            self._owned = False
+            self._finalizer: weakref.finalize[Any, Any] | None = None
+        elif sandbox is None or isinstance(sandbox, str):
+            images = [i for i in (sandbox, runtime, sandbox_kwargs.pop("image", None)) if i is not None]
+            if len(images) > 1:
+                raise ConfigurationError("give the image once: as the first argument, image= or runtime=")
+            # 0.3.0's SandboxRunner created its own sandbox living `timeout`
+            # seconds; so does this one, and destroys it on close().
+            self._sandbox = Sandbox(
+                images[0] if images else None,
+                timeout,
+                network_enabled=network_enabled,
+                security_policy=security_policy,
+                **sandbox_kwargs,
+            )
+            self._owned = True
+            # A runner built in passing (0.3.0's build_langchain_tool(**kwargs))
+            # has no one to close it: destroy its sandbox when the runner is
+            # collected or the interpreter exits, not at its deadline.
+            self._finalizer = weakref.finalize(self, self._sandbox.destroy)
+        else:
+            raise ConfigurationError(
+                "SandboxRunner needs a Sandbox, an AsyncSandbox, an image name or nothing, "
+                f"not {type(sandbox).__name__}"
+            )
         self.timeout = float(timeout)
+        self.stateful = stateful
         self.max_output_chars = max_output_chars
         self.raise_denied = bool(raise_denied)
         self._session: PythonSession | None = None
@@ -188,6 +272,41 @@ class SandboxRunner:
     def sandbox(self) -> Sandbox:
         """The sandbox the runner works in."""
         return self._sandbox
+
+    @property
+    def owns_sandbox(self) -> bool:
+        """True when the runner created its sandbox (``close()`` then destroys it).
+
+        .. versionadded:: 0.4.0
+        """
+        return self._owned
+
+    # -- 0.3.0's call ----------------------------------------------------------------
+
+    def run(self, code: str) -> str:
+        """Run ``code`` and return one combined text, as 0.3.0's ``SandboxRunner.run`` did.
+
+        Stateful: the session's stdout, the trailing expression's ``repr``
+        and the traceback, each stripped, one per line.  Stateless:
+        stdout and stderr of the one-shot interpreter, stripped.  A timeout,
+        a lost interpreter or a denial adds its one-line reason.  The text
+        is bounded by ``max_output_chars`` and has secrets redacted;
+        :meth:`run_python` returns the same facts structured.
+
+        Raises:
+            As :meth:`run_python` does.
+        """
+        out = self.run_python(code)
+        if out.denied:
+            return out.text
+        if self.stateful:
+            parts = [out.stdout.strip(), out.result or "", (out.error or "").strip()]
+        else:
+            parts = [(out.stdout + out.stderr).strip(), (out.error or "").strip()]
+        if out.note and out.note != out.error:
+            parts.append(out.note)
+        text, _ = bound_text("\n".join(p for p in parts if p).strip(), self.max_output_chars)
+        return text
 
     # -- describing the tools ------------------------------------------------------
 
@@ -205,6 +324,12 @@ class SandboxRunner:
             f"Each call may run {self.timeout:g} seconds; output is cut to about "
             f"{self.max_output_chars} characters. Files live in {config.workdir}. {net}"
         )
+        if language == "python" and not self.stateful:
+            return (
+                "Run Python code in an isolated sandbox, each call in a fresh interpreter: "
+                "nothing is kept between calls except files. Print what you need to see. "
+                "Errors come back as a traceback. " + limits
+            )
         if language == "python":
             return (
                 "Run Python code in an isolated, persistent sandbox. Variables, imports and "
@@ -224,6 +349,9 @@ class SandboxRunner:
     def run_python(self, code: str, *, timeout: float | None = None) -> RunOutput:
         """Run ``code`` in the runner's persistent Python session.
 
+        With ``stateful=False`` the code runs in a fresh interpreter instead
+        (``exec_python``): ``exit_code`` is set and ``result`` is None.
+
         Returns:
             A :class:`RunOutput`.  An exception in the code, a timeout or a
             dead interpreter is an answer (``ok=False``), not an error.
@@ -234,6 +362,8 @@ class SandboxRunner:
             ConfigurationError: ``code`` is not a ``str``.
         """
         code = _text(code, "code")
+        if not self.stateful:
+            return self._run_once(code, self._timeout(timeout))
         with self._lock:
             try:
                 result = self._python_session().run(code, timeout=self._timeout(timeout))
@@ -255,6 +385,23 @@ class SandboxRunner:
                 return self._failed(f"the sandbox's agent was lost: {exc}")
             return self._python_output(result)
 
+    def _run_once(self, code: str, limit: float) -> RunOutput:
+        """``stateful=False``: the code in a fresh interpreter (``exec_python``)."""
+        with self._lock:
+            try:
+                result = self._sandbox.exec_python(code, timeout=limit)
+            except ExecutionTimeoutError as exc:
+                return self._shell_output(
+                    None if isinstance(exc.result, SessionResult) else exc.result,
+                    timed_out=True,
+                    note=f"[timed out after {limit:g}s: the interpreter was killed]",
+                )
+            except PolicyDeniedError as exc:
+                return self._denied(exc)
+            except ChannelError as exc:
+                return self._failed(f"the sandbox's agent was lost: {exc}")
+            return self._shell_output(result)
+
     def reset(self) -> None:
         """Start a fresh Python interpreter: every variable and import is gone."""
         with self._lock:
@@ -262,11 +409,18 @@ class SandboxRunner:
                 self._session.reset()
 
     def close(self) -> None:
-        """End the runner's Python session (the sandbox stays).  Idempotent."""
+        """End the runner's Python session; destroy the sandbox if the runner created it.
+
+        A sandbox passed in stays with its owner.  Idempotent.
+        """
         with self._lock:
             session, self._session = self._session, None
-            if session is not None:
-                session.close()
+            try:
+                if session is not None:
+                    session.close()
+            finally:
+                if self._finalizer is not None:
+                    self._finalizer()  # destroys the sandbox, once
 
     def __enter__(self) -> SandboxRunner:
         return self
@@ -331,6 +485,7 @@ class SandboxRunner:
             timed_out=timed_out,
             truncated=truncated or cut,
             display=display,
+            note=note or lost,
         )
 
     # -- shell -------------------------------------------------------------------------
@@ -386,6 +541,7 @@ class SandboxRunner:
             error=note if timed_out else None,
             timed_out=timed_out,
             truncated=cut or (result is not None and result.truncated),
+            note=note,
         )
 
     # -- files ---------------------------------------------------------------------------
@@ -478,7 +634,8 @@ class SandboxRunner:
         return RunOutput(text=text, ok=False, error=reason, truncated=cut)
 
     def __repr__(self) -> str:
-        return f"<SandboxRunner of {self._sandbox!r}>"
+        owner = " (owned)" if self._owned else ""
+        return f"<SandboxRunner of {self._sandbox!r}{owner}>"
 
 
 def _text(value: Any, what: str) -> str:

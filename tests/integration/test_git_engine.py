@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from agentnest import ExecutionResult, MemoryObserver, Sandbox, Secret, Template
-from agentnest.errors import ChannelError
+from agentnest.errors import ChannelError, ExecutionError
 from agentnest.git import DiffFile, GitError, GitWorkspace, StatusEntry
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
@@ -242,6 +242,43 @@ def test_credentials_reach_git_and_nothing_else(sandbox: Sandbox, events: Memory
     assert TOKEN not in cloned.output
     echoed = sandbox.exec_python(f"print({TOKEN!r})")
     assert echoed.stdout == "[REDACTED]\n"  # the guard redacts it from now on
+
+
+def test_0_3_0_calls_keep_their_meaning(sandbox: Sandbox) -> None:
+    # 0.3.0: GitWorkspace(sandbox, directory) with an absolute directory, clone(url, ref=, depth=1)
+    # -> ExecutionResult, status()/diff() -> str, apply_patch(patch) -> ExecutionResult.
+    repo = GitWorkspace(sandbox, "/workspace/repo03")
+    assert (repo.sandbox, repo.directory, repo.path) == (sandbox, "/workspace/repo03", "repo03")
+    result = repo.clone("file:///workspace/origin.git", ref="feature")
+    assert isinstance(result, ExecutionResult) and result.ok and result.exit_code == 0
+    assert result.check() is result and "Cloning into" in result.stderr
+    assert sandbox.read_file("repo03/feature.txt") == "x\n"
+    shallow = sandbox.exec(["git", "-C", "repo03", "rev-list", "--count", "HEAD"]).stdout.strip()
+    assert shallow == "1"  # depth=1 by default, as in 0.3.0
+    assert repo.status() == "" and repo.diff() == "" and repo.diff(staged=True) == ""
+
+    sandbox.write_file("repo03/calc.py", "def add(a, b):\n    return a - b\n")
+    sandbox.write_file("repo03/notes/todo.txt", "fix\n")
+    status = repo.status()
+    by_git = sandbox.exec_shell("git status --short", cwd="repo03").check().stdout
+    assert status == by_git == " M calc.py\n?? notes/\n" and status.branch == "feature"
+    patch = repo.diff()
+    by_git = sandbox.exec_shell("git diff --no-ext-diff --", cwd="repo03").check().stdout
+    assert patch == by_git and "+    return a - b" in patch and patch.files == (DiffFile("calc.py", 1, 1),)
+
+    sandbox.exec(["git", "-C", "repo03", "checkout", "--", "calc.py"]).check()
+    applied = repo.apply_patch(patch)
+    assert isinstance(applied, ExecutionResult) and applied.ok
+    assert repo.diff() == patch and not sandbox.exists("repo03/.agentnest.patch")
+    refused = repo.apply_patch(patch)  # applied already: git refuses, and says so
+    assert not refused.ok and "patch does not apply" in refused.stderr
+    with pytest.raises(ExecutionError, match="patch does not apply"):  # as 0.3.0's check() did
+        refused.check()
+    assert repo.diff() == patch  # nothing changed
+
+    by_keyword = GitWorkspace(sandbox, directory="/workspace/repo04")
+    assert by_keyword.clone("file:///workspace/origin.git", depth=2).ok
+    assert by_keyword.status().branch == "main"
 
 
 @pytest.mark.gvisor

@@ -8,6 +8,7 @@ and that what comes back to the model is bounded and redacted.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,9 @@ import pytest
 
 from agentnest import ApprovalRequest, MemoryObserver, Sandbox, Secret
 from agentnest.integrations import SandboxRunner
+from agentnest.testing.wait import wait_until
+
+from .helpers import containers_of
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -123,3 +127,67 @@ def test_smolagents_code_agent_final_answer_is_computed_in_the_sandbox(backend: 
         hostname = sb.exec_shell("cat /etc/hostname").stdout.strip()
     assert answer == {"files": ["data.csv"], "uid": 65532, "hostname": hostname, "n": 42}
     assert answer["uid"] != os.getuid() and hostname != os.uname().nodename
+
+
+# -- 0.3.0's forms against the engine --------------------------------------------------------------
+#
+# 0.3.0's examples/langchain_tool.py and examples/smolagents_executor.py, as
+# code: they create their sandboxes with 0.3.0's arguments and no image (ours:
+# the default base image, the one 0.3.0's python:3.12-slim maps to).
+
+
+@pytest.mark.docker
+def test_0_3_0_langchain_example(docker_client: Any) -> None:
+    from agentnest.integrations.langchain import build_langchain_tool
+
+    with SandboxRunner(network_enabled=False) as runner:
+        tool = build_langchain_tool(runner)
+        assert tool.invoke({"code": "nums = [n * n for n in range(5)]; print(sum(nums))"}) == "30"
+        sandbox_id = runner.sandbox.id
+        assert runner.owns_sandbox and runner.sandbox.config.lifetime == 300
+        assert runner.run("import os\nos.getuid()") == "65532"
+        refused = runner.run("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=3)")
+        assert "OSError" in refused or "unreachable" in refused, refused
+    # The runner created the sandbox, so closing it removed the container.
+    wait_until(lambda: containers_of(docker_client, sandbox_id) == [], "the runner's container to go")
+    # The 0.3.0 README's line: nobody holds the runner, so the tool's end is the sandbox's.
+    readme = build_langchain_tool(network_enabled=False)
+    assert readme.invoke({"code": "print('hi')"}) == "hi"
+    (owned,) = _runner_ids(readme)
+    assert containers_of(docker_client, owned) != []
+    del readme
+    gc.collect()
+    wait_until(lambda: containers_of(docker_client, owned) == [], "the README tool's container to go")
+
+
+def _runner_ids(tool: Any) -> set[str]:
+    """The sandbox id of the runner a tool's function closes over (test introspection)."""
+    cells = tool.func.__closure__ or ()
+    return {c.cell_contents.sandbox.id for c in cells if isinstance(c.cell_contents, SandboxRunner)}
+
+
+@pytest.mark.docker
+def test_0_3_0_smolagents_example(docker_client: Any) -> None:
+    from agentnest.integrations.smolagents import SandboxExecutor
+
+    executor = SandboxExecutor(network_enabled=False)
+    try:
+        executor.send_variables({"threshold": 10})
+        sieve = "primes = [n for n in range(2, 20) if all(n % d for d in range(2, n))]"
+        first_output, _, _ = executor(sieve)
+        second_output, _, is_final = executor("print([p for p in primes if p > threshold])")
+        assert (first_output, second_output, is_final) == ("", "[11, 13, 17, 19]", False)
+        sandbox_id = executor.sandbox.id
+    finally:
+        executor.cleanup()
+    wait_until(lambda: containers_of(docker_client, sandbox_id) == [], "the executor's container to go")
+
+
+@pytest.mark.docker
+def test_stateless_runner_in_a_container(sandbox: Sandbox) -> None:
+    runner = SandboxRunner(sandbox, stateful=False, timeout=30)
+    first = runner.run_python("import os\nx = 1\nprint(os.getpid(), os.getuid())")
+    assert first.ok and first.exit_code == 0 and first.text.split()[1] == "65532"
+    second = runner.run_python("print(x)")
+    assert not second.ok and "NameError" in second.text
+    assert runner.run("import os\nprint(os.environ['API_KEY'])") == "[REDACTED]"

@@ -11,6 +11,7 @@ code is the test's own.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -447,7 +448,8 @@ def test_smolagents_executor_errors_timeouts_and_lost_interpreters(sandbox: Sand
 
     from agentnest.integrations.smolagents import AgentNestExecutor
 
-    executor = AgentNestExecutor(sandbox, ["json"], timeout=1)
+    executor = AgentNestExecutor(sandbox, ["json"])
+    executor.timeout = 1.0  # for the steps only: the package check above may take longer under load
     executor.send_variables({"seed": [1, 2]})
     executor.send_tools({"final_answer": FinalAnswerTool()})
     out = executor("print('hi')\nseed + [3]")
@@ -487,20 +489,30 @@ def test_smolagents_executor_can_own_its_sandbox(backend: LocalBackend) -> None:
 
 
 def test_import_loads_no_framework_and_missing_ones_name_the_extra() -> None:
+    # As in 0.3.0, the framework modules import without their framework (and
+    # 0.3.0's SandboxExecutor needs none); building what needs one raises.
     check = (
         "import sys, agentnest, agentnest.integrations\n"
+        "import agentnest.integrations.langchain, agentnest.integrations.smolagents\n"
         "assert 'langchain_core' not in sys.modules and 'smolagents' not in sys.modules, 'eager'\n"
         "sys.modules['langchain_core'] = None\n"
         "sys.modules['smolagents'] = None\n"
-        "from agentnest.errors import MissingDependencyError\n"
-        "extras = (('langchain', 'agentnest[langchain]'), ('smolagents', 'agentnest[smolagents]'))\n"
-        "for mod, extra in extras:\n"
+        "from agentnest.errors import AgentNestError, MissingDependencyError\n"
+        "from agentnest.integrations.smolagents import SandboxExecutor, SandboxRunner\n"
+        "from agentnest.integrations.langchain import build_langchain_tool, build_langchain_tools\n"
+        "def smolagents():\n"
+        "    from agentnest.integrations.smolagents import AgentNestExecutor\n"
+        "calls = ((build_langchain_tool, 'agentnest[langchain]', 'langchain-core'),\n"
+        "         (build_langchain_tools, 'agentnest[langchain]', 'langchain-core'),\n"
+        "         (smolagents, 'agentnest[smolagents]', 'smolagents'))\n"
+        "for call, extra, name in calls:\n"
         "    try:\n"
-        "        __import__('agentnest.integrations.' + mod)\n"
+        "        call()\n"
         "    except MissingDependencyError as exc:\n"
-        "        assert isinstance(exc, ImportError) and extra in str(exc), exc\n"
+        "        assert isinstance(exc, ImportError) and isinstance(exc, AgentNestError), exc\n"
+        "        assert extra in str(exc) and name in str(exc), exc\n"
         "    else:\n"
-        "        raise AssertionError(mod + ' imported')\n"
+        "        raise AssertionError(repr(call) + ' worked')\n"
         "print('ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
@@ -629,7 +641,7 @@ def test_git_workspace_with_the_local_agent(sandbox: Sandbox) -> None:
 
 def test_tool_code_imports_of_optional_modules_are_guarded() -> None:
     pytest.importorskip("smolagents", reason="the dev extra installs smolagents")
-    from agentnest.integrations.smolagents import _guard_imports
+    from agentnest.integrations._smolagents import _guard_imports
 
     code = "import json\nimport PIL\nfrom numpy.linalg import norm as n\n    import indented\nx = 1"
     guarded = _guard_imports(code)
@@ -639,3 +651,226 @@ def test_tool_code_imports_of_optional_modules_are_guarded() -> None:
     namespace: dict[str, Any] = {}
     exec(_guard_imports("import no_such_module_for_this_test\nvalue = 3"), namespace)
     assert namespace["value"] == 3
+
+
+# -- 0.3.0's forms: a runner that owns its sandbox, run(), stateful=False ----------------------------
+
+
+def test_runner_creates_and_owns_a_sandbox_from_0_3_0_arguments(backend: LocalBackend) -> None:
+    with SandboxRunner(image="local", backend=backend, timeout=45, environment={"A": "1"}) as runner:
+        assert runner.owns_sandbox and len(backend.agents) == 1
+        # 0.3.0's timeout is the created sandbox's lifetime; it bounds each call too.
+        assert runner.sandbox.config.lifetime == 45 and runner.timeout == 45
+        assert runner.sandbox.config.network.mode.value == "denied"
+        assert runner.run("import os\nprint(os.environ['A'])\n6 * 7") == "1\n42"
+    assert runner.sandbox.destroyed and backend.agents == {}
+    runner.close()  # idempotent
+    # The image as the first argument, as 0.3.0's runtime was.
+    with SandboxRunner("local", backend=backend) as positional:
+        assert positional.sandbox.config.image == "local" and positional.timeout == 300
+    with pytest.deprecated_call(match="runtime= is the 0.3.0 name of image="):
+        deprecated = SandboxRunner(runtime="local", backend=backend)
+    assert deprecated.sandbox.config.image == "local"
+    deprecated.close()
+    assert backend.agents == {}
+
+
+def test_runner_refuses_a_sandbox_with_arguments_to_create_one(
+    sandbox: Sandbox, backend: LocalBackend
+) -> None:
+    for extra in ({"network_enabled": True}, {"memory": "1g"}, {"image": "local"}):
+        with pytest.raises(ConfigurationError, match="not both"):
+            SandboxRunner(sandbox, **extra)
+    with pytest.raises(ConfigurationError, match="once"):
+        SandboxRunner("local", image="other", backend=backend)
+    with pytest.raises(ConfigurationError, match="stateful"):
+        SandboxRunner(sandbox, stateful="no")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="timeout"):
+        SandboxRunner(timeout=-1, image="local", backend=backend)
+    assert backend.agents.keys() == {sandbox._handle.id}  # nothing was created by the refusals
+    passed = SandboxRunner(sandbox)
+    passed.close()
+    assert not passed.owns_sandbox and not sandbox.destroyed  # a sandbox passed in stays
+
+
+def test_run_returns_0_3_0_combined_text(runner: SandboxRunner) -> None:
+    assert runner.run("print('  padded  ')") == "padded"
+    assert runner.run("x = 41") == ""
+    assert runner.run("x + 1") == "42"
+    assert runner.run("'text'") == "'text'"  # the repr, as 0.3.0's session returned it
+    # 0.3.0 dropped the session's stderr and kept stdout, value and traceback.
+    failed = runner.run("import sys\nprint('out')\nprint('err', file=sys.stderr)\n1 / 0")
+    assert failed.startswith("out\nTraceback") and failed.endswith("ZeroDivisionError: division by zero")
+    assert "err" not in failed.splitlines()
+    timed = runner.run_python("while True: pass", timeout=0.5)
+    assert timed.note is not None and "timed out after 0.5s" in timed.note
+    assert TOKEN not in runner.run("import os\nprint(os.environ['TOKEN'])\nos.environ['TOKEN']")
+
+
+def test_run_is_bounded_and_says_why_it_failed(sandbox: Sandbox) -> None:
+    runner = SandboxRunner(sandbox, timeout=1, max_output_chars=500)
+    big = runner.run("print('x' * 100000)")
+    assert len(big) < 600 and "characters cut" in big
+    timed = runner.run("while True: pass").splitlines()
+    assert timed[-2:] == ["KeyboardInterrupt", timed[-1]] and "timed out after 1s" in timed[-1]
+    died = runner.run("import os\nos._exit(3)")
+    assert "interpreter died" in died
+
+
+def test_stateless_runner_runs_each_call_in_a_fresh_interpreter(sandbox: Sandbox) -> None:
+    with SandboxRunner(sandbox, stateful=False, timeout=5) as runner:
+        assert runner.run("x = 1\nprint(x)") == "1"
+        forgot = runner.run_python("print(x)")
+        assert not forgot.ok and forgot.exit_code == 1 and "NameError" in forgot.text
+        # 0.3.0's one-shot form: stdout then stderr, stripped.
+        assert runner.run("import sys\nprint('out')\nprint('err', file=sys.stderr)") == "out\nerr"
+        assert runner.run("6 * 7") == ""  # no trailing-value display without a session
+        assert "timed out after 0.5s" in runner.run_python("while True: pass", timeout=0.5).text
+        assert "fresh interpreter" in runner.describe("python")
+        assert runner._session is None  # never opened a session
+
+
+def test_langchain_tool_in_0_3_0_forms(backend: LocalBackend) -> None:
+    pytest.importorskip("langchain_core", reason="the dev extra installs langchain-core")
+    from agentnest.integrations import langchain
+
+    assert langchain.SandboxRunner is SandboxRunner and issubclass(langchain.AgentNestError, Exception)
+    # The 0.3.0 README's line: the tool's runner creates its own sandbox...
+    tool = langchain.build_langchain_tool(network_enabled=False, image="local", backend=backend)
+    assert tool.name == "python_sandbox" and len(backend.agents) == 1
+    assert tool.invoke({"code": "nums = [n * n for n in range(5)]; print(sum(nums))"}) == "30"
+    # ... which nobody can close: it goes with the tool, not at its deadline.
+    del tool
+    gc.collect()
+    assert backend.agents == {}
+    # 0.3.0's example: a shared runner, closed by its owner.
+    with SandboxRunner(network_enabled=False, image="local", backend=backend) as runner:
+        shared = langchain.build_langchain_tool(runner, name="py", description="Python")
+        assert (shared.name, shared.description) == ("py", "Python")
+        shared.invoke({"code": "v = 5"})
+        assert shared.invoke({"code": "print(v)"}) == "5"
+        with pytest.raises(ConfigurationError, match="not both"):
+            langchain.build_langchain_tool(runner, timeout=3)
+    assert runner.sandbox.destroyed
+    # A sandbox with runner arguments: the runner is made for it.
+    with Sandbox("local", 120, backend=backend) as sb:
+        quick = langchain.build_langchain_tool(sb, timeout=7)
+        assert "7 seconds" in quick.description
+        assert len(langchain.build_langchain_tools(sb, prefix="x_", stateful=False)) == 4
+
+
+def test_sandbox_executor_has_0_3_0_interface(backend: LocalBackend) -> None:
+    from agentnest.integrations import smolagents
+
+    assert smolagents.SandboxRunner is SandboxRunner
+    executor = smolagents.SandboxExecutor(network_enabled=False, image="local", backend=backend)
+    try:
+        executor.send_variables({"threshold": 10, "pair": (1, 2), "tags": {"a"}, "raw": b"\x00"})
+        executor.send_tools({"anything": object()})  # 0.3.0: tools are not brought into the sandbox
+        first = executor("primes = [n for n in range(2, 20) if all(n % d for d in range(2, n))]")
+        assert first == ("", "", False)
+        out, logs, final = executor("print([p for p in primes if p > threshold])\n(pair, tags, raw)")
+        assert out == logs == "[11, 13, 17, 19]\n((1, 2), {'a'}, b'\\x00')" and final is False
+        error = executor("undefined_name")
+        assert "NameError" in error[0] and error[2] is False  # an answer, not an exception
+        with pytest.raises(ConfigurationError, match="not a Python literal"):
+            executor.send_variables({"obj": object()})
+        with pytest.raises(ConfigurationError, match="identifier"):
+            executor.send_variables({"import os; x": 1})
+        assert executor.sandbox is executor.runner.sandbox
+    finally:
+        executor.cleanup()
+    assert executor.sandbox.destroyed and backend.agents == {}
+
+
+def test_stateless_sandbox_executor_defines_variables_before_every_action(backend: LocalBackend) -> None:
+    from agentnest.integrations.smolagents import SandboxExecutor
+
+    executor = SandboxExecutor(stateful=False, image="local", backend=backend)
+    try:
+        executor.send_variables({"n": 3})
+        executor("m = 1")
+        assert executor("print(n * 2)")[0] == "6"
+        assert "NameError" in executor("print(m)")[0]  # nothing else is kept
+    finally:
+        executor.cleanup()
+
+
+# -- git: 0.3.0's forms ---------------------------------------------------------------------------------
+
+
+def test_git_workspace_takes_0_3_0_directories(sandbox: Sandbox) -> None:
+    default = GitWorkspace(sandbox)
+    assert (default.path, default.directory, default.sandbox) == ("repo", "/workspace/repo", sandbox)
+    for spelled in (
+        GitWorkspace(sandbox, "/workspace/src"),
+        GitWorkspace(sandbox, directory="/workspace/src"),
+    ):
+        assert spelled.path == "src" and spelled.directory == "/workspace/src"
+    assert GitWorkspace(sandbox, directory="/workspace").path == "."
+    assert GitWorkspace(sandbox, directory="rel/dir").directory == "/workspace/rel/dir"
+    moved = GitWorkspace(sandbox)
+    moved.directory = "/workspace/other"
+    assert moved.path == "other"
+    for outside in ("/tmp/repo", "/workspace/../etc", "/workspacex"):
+        with pytest.raises(ConfigurationError, match="inside /workspace"):
+            GitWorkspace(sandbox, directory=outside)
+    with pytest.raises(ConfigurationError, match="once"):
+        GitWorkspace(sandbox, "a", directory="/workspace/b")
+    with pytest.raises(ConfigurationError, match="once"):
+        default.clone("file:///x", ref="main", branch="main")
+    with pytest.raises(ConfigurationError):
+        default.apply_patch(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):  # 0.3.0 raised ValueError for a depth <= 0
+        default.clone("file:///x", depth=-1)
+    assert sandbox.list_files() == []
+
+
+def test_git_results_are_0_3_0_strings_carrying_parsed_fields() -> None:
+    from agentnest.git import CloneResult, ExecutionResult, GitDiff, GitStatus
+    from agentnest.git import Sandbox as GitSandbox
+
+    assert GitSandbox is Sandbox
+    status = GitStatus("main", None, entries=(StatusEntry("a.py", ".", "M"),), text=" M a.py\n")
+    assert isinstance(status, str) and status == " M a.py\n" and "a.py" in status and status.branch == "main"
+    assert hash(status) == hash(" M a.py\n") and not status.clean
+    assert not GitStatus("main", "abc") and GitStatus("main", "abc").clean  # clean: the empty string
+    diff = GitDiff("--- a\n+++ b\n", (DiffFile("a", 1, 0),))
+    assert diff == "--- a\n+++ b\n" and diff.text == str(diff) and diff.splitlines()[0] == "--- a"
+    assert not GitDiff("") and GitDiff("").empty
+    clone = CloneResult("git clone", 0, "", "Cloning...\n", 0.1, path="repo", head="f" * 40, branch="main")
+    assert isinstance(clone, ExecutionResult) and clone.ok and clone.check() is clone
+    assert clone.output == "Cloning...\n" and clone.branch == "main"
+
+
+@needs_git
+def test_git_workspace_0_3_0_calls_with_the_local_agent(sandbox: Sandbox) -> None:
+    setup = (
+        "set -e\n"
+        "git init -q -b main src && cd src\n"
+        "git config user.email t@example.invalid && git config user.name T\n"
+        "printf 'a\\nb\\n' > f.txt && git add . && git commit -q -m init\n"
+        "git checkout -q -b feature && echo x > feature.txt && git add . && git commit -q -m f\n"
+        "git checkout -q main && cd .. && git clone -q --bare src origin.git\n"
+    )
+    sandbox.exec_shell(setup).check()
+    origin = f"file://{sandbox.exec_shell('pwd').stdout.strip()}/origin.git"
+    repo = GitWorkspace(sandbox, "/workspace/repo03")
+    result = repo.clone(origin, ref="feature")  # depth=1 by default, as in 0.3.0
+    assert result.ok and result.exit_code == 0 and result.check() is result and result.branch == "feature"
+    assert sandbox.exec(["git", "-C", "repo03", "rev-list", "--count", "HEAD"]).stdout.strip() == "1"
+    assert repo.status() == "" and repo.diff() == ""
+    sandbox.write_file("repo03/f.txt", "a\nB\n")
+    sandbox.write_file("repo03/new/n.txt", "n\n")
+    status = repo.status()
+    assert status == " M f.txt\n?? new/\n"  # git status --short, as 0.3.0 returned
+    assert [e.path for e in status.entries] == ["f.txt", "new/n.txt"]
+    patch = repo.diff()
+    assert isinstance(patch, str) and "-b\n+B\n" in patch and repo.diff(staged=True) == ""
+    sandbox.exec(["git", "-C", "repo03", "checkout", "--", "f.txt"]).check()
+    applied = repo.apply_patch(patch)
+    assert applied.ok and sandbox.read_file("repo03/f.txt") == "a\nB\n"
+    assert not sandbox.exists("repo03/.agentnest.patch")
+    again = repo.apply_patch(patch)  # no longer applies: a result, not an exception
+    assert not again.ok and again.exit_code != 0 and "patch does not apply" in again.stderr
+    assert sandbox.read_file("repo03/f.txt") == "a\nB\n"
