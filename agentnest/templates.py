@@ -1,14 +1,15 @@
 """``Template``: a sandbox image described as data, built once per content.
 
 A template names a base image and what to add to it: Debian packages, Python
-wheels from a local directory, files, environment values and build commands.
-Its tag is content-addressed::
+packages from a local directory of wheels, files, environment values and
+build commands.  Its tag is content-addressed::
 
     agentnest/template:<first 12 hex digits of sha256(canonical spec)>
 
 where the canonical spec holds the recipe version, the base image's *ID* (not
 its name, so a rebuilt base gives new template tags), the sorted package
-names, the SHA-256 of every wheel and file, the environment and the commands.
+names and pip requirements, the SHA-256 of every wheel and file, the
+environment and the commands.
 Building a spec whose tag already exists on the engine (with a matching
 ``agentnest.template`` label) does nothing: the same spec never builds twice.
 
@@ -31,11 +32,23 @@ Example::
     with Sandbox(tag) as sandbox:
         print(sandbox.exec_shell("jq -n '1 + 1'").stdout)
 
+0.3.0's builder calls mean the same here, built the same way::
+
+    tag = (
+        Template(wheels="wheelhouse/")        # pip installs come from local wheels only
+        .apt_install("jq")
+        .pip_install("requests==2.32.3")
+        .with_environment(MODE="test")
+        .run("jq --version > /etc/jq-version")
+        .build()
+    )
+
 .. versionadded:: 0.4.0
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -43,13 +56,22 @@ import os
 import posixpath
 import re
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import ConfigurationError, MissingDependencyError
+from .errors import (
+    BackendError,
+    ConfigurationError,
+    ImageNotFoundError,
+    MissingDependencyError,
+    RuntimeNotAvailableError,
+    TemplateBaseNotFoundError,
+    TemplateBuildError,
+)
 from .secrets import Secret
 
 if TYPE_CHECKING:
@@ -73,6 +95,21 @@ _DEB_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
 _DEB_VERSION = re.compile(r"^[0-9][A-Za-z0-9.+~:-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WHEEL_NAME = re.compile(r"^[A-Za-z0-9_.]+-[A-Za-z0-9_.!+]+(-[0-9][A-Za-z0-9_.]*)?-[^-]+-[^-]+-[^-]+\.whl$")
+# A pip requirement (PEP 508) without markers, URLs or spaces: a project name
+# (PEP 508's), optional extras, optional comma-separated version specifiers.
+_PIP_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_PIP_SPECIFIER = r"(?:===|==|!=|~=|<=|>=|<|>)[A-Za-z0-9.*+!_-]+"
+_REQUIREMENT = re.compile(
+    rf"({_PIP_NAME})(?:\[{_PIP_NAME}(?:,{_PIP_NAME})*\])?(?:{_PIP_SPECIFIER}(?:,{_PIP_SPECIFIER})*)?"
+)
+# An image reference one can tag (github.com/distribution/reference): [domain[:port]/]path[:tag].
+_DOMAIN = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+)
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG_REFERENCE = re.compile(
+    rf"(?P<repository>(?:{_DOMAIN}/)?{_PATH}(?:/{_PATH})*)(?::(?P<tag>[\w][\w.-]{{0,127}}))?", re.ASCII
+)
 #: Control characters a Dockerfile line cannot carry (tab is fine).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -82,7 +119,7 @@ _HIDDEN_AT_RUN_TIME = ("/workspace", "/tmp", "/proc", "/sys", "/dev")
 #: Set by the sandbox for every command; a value baked into the image would be overridden.
 _SET_BY_SANDBOX = frozenset({"PATH", "HOME", "LANG", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"})
 
-_SPEC_KEYS = ("base", "apt_packages", "wheels", "files", "environment", "commands")
+_SPEC_KEYS = ("base_image", "pip_packages", "apt_packages", "environment", "commands", "wheels", "files")
 
 
 # -- progress ---------------------------------------------------------------------------
@@ -122,62 +159,191 @@ def _default_base() -> str:
     return base_image()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Template:
     """A deterministic image build: base image plus packages, wheels, files, environment, commands.
 
-    The build runs in this order, as root: Debian packages, wheels, files,
-    environment, commands; the image then ends with ``USER 65532:65532`` and
+    The build runs in this order, as root: Debian packages, Python packages
+    (from local wheels only: builds are offline), files, environment,
+    commands; the image then ends with ``USER 65532:65532`` and
     ``WORKDIR /workspace``, like the default image.  Values are validated
     here, so an invalid spec never reaches the engine.
 
-    .. versionadded:: 0.4.0
+    The first five parameters keep 0.3.0's positions, ``Template(base_image,
+    packages, system_packages, environment, commands)``; 0.3.0's
+    ``packages=`` and ``system_packages=`` keywords are accepted (deprecated)
+    for ``pip_packages=`` and ``apt_packages=``.  A template is frozen: the
+    builder methods (:meth:`apt_install`, :meth:`pip_install`, :meth:`run`,
+    :meth:`with_environment`) return a new one.
+
+    Args:
+        base_image: image to build on; ``None``: AgentNest's default image.
+        pip_packages: pip requirements (``"requests==2.32.3"``), installed
+            from ``wheels`` with ``pip --no-index``.
+        apt_packages: Debian packages (``"jq"``, ``"jq=1.6-2.1+deb12u2"``).
+        environment: ``ENV`` values baked into the image.
+        commands: shell commands run as root at build time, in order.
+        wheels: a local directory of ``.whl`` files.
+        files: absolute destination path in the image -> content.
+        packages: 0.3.0's name of ``pip_packages`` (deprecated).
+        system_packages: 0.3.0's name of ``apt_packages`` (deprecated).
+
+    Raises:
+        ConfigurationError: a value is invalid; the message says which and why.
+        TypeError: a 0.3.0 keyword and its new name were both given.
+
+    .. versionchanged:: 0.4.0
+       Content-addressed offline builds; ``wheels``, ``files``; ``pip_packages``
+       and ``apt_packages`` for 0.3.0's ``packages`` and ``system_packages``.
     """
 
-    base: str = field(default_factory=_default_base)
+    base_image: str
     """Image to build on (default: AgentNest's default image).  Must be on the
     engine or pullable; its ID, not its name, enters the tag."""
-    apt_packages: tuple[str, ...] = ()
+    pip_packages: tuple[str, ...]
+    """pip requirements: a name with optional ``[extras]`` and version specifiers
+    (``"requests"``, ``"requests[socks]>=2,<3"``).  A build reaches no package
+    index, so they are resolved from ``wheels`` only (``pip install --no-index
+    --find-links``), dependencies included; without ``wheels`` :meth:`build`
+    refuses them and says how to get the wheels.  Kept sorted and de-duplicated."""
+    apt_packages: tuple[str, ...]
     """Debian packages, installed with ``apt-get install --no-install-recommends``
     from the base image's apt sources.  ``name`` or ``name=version``.  Order does
     not matter: they are kept sorted and de-duplicated."""
-    wheels: str | None = None
-    """A local directory of ``.whl`` files.  Every wheel at its top level is
-    installed offline (``pip install --no-index --find-links``), dependencies
-    resolved from the same directory only.  Their content, not the path, enters the tag."""
-    files: Mapping[str, str | bytes] = field(default_factory=lambda: MappingProxyType({}))
+    environment: Mapping[str, str]
+    """Environment baked into the image (``ENV``), visible to ``commands`` and to
+    every sandbox command.  Values are taken verbatim (``$HOME`` is not expanded).
+    Never secrets: ``Secret`` values are refused."""
+    commands: tuple[str, ...]
+    """Shell commands (``/bin/sh -c``) run at build time as root, in order, after
+    everything else is in place; each is one build step."""
+    wheels: str | None
+    """A local directory of ``.whl`` files.  Without ``pip_packages`` every wheel
+    at its top level is installed; with them, the directory is where they (and
+    their dependencies) are found, and only what they need is installed.  Offline
+    either way.  Their content, not the path, enters the tag."""
+    files: Mapping[str, str | bytes]
     """Absolute destination path in the image -> content (``str`` is written as
     UTF-8).  Contents, not host paths: the spec carries what it installs, and the
     tag hashes exactly that.  Files are owned by root, mode 0644; missing parent
     directories are created (root, 0755) and existing ones are left as they are."""
-    environment: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    """Environment baked into the image (``ENV``), visible to ``commands`` and to
-    every sandbox command.  Never secrets: ``Secret`` values are refused."""
-    commands: tuple[str, ...] = ()
-    """Shell commands (``/bin/sh -c``) run at build time as root, in order, after
-    everything else is in place; each is one build step."""
+
+    def __init__(
+        self,
+        base_image: str | None = None,
+        pip_packages: Sequence[str] = (),
+        apt_packages: Sequence[str] = (),
+        environment: Mapping[str, str] | None = None,
+        commands: Sequence[str] = (),
+        *,
+        wheels: str | os.PathLike[str] | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        packages: Sequence[str] = (),
+        system_packages: Sequence[str] = (),
+    ) -> None:
+        if packages != ():
+            pip_packages = _renamed("packages", packages, "pip_packages", pip_packages)
+        if system_packages != ():
+            apt_packages = _renamed("system_packages", system_packages, "apt_packages", apt_packages)
+        if base_image is None:
+            base_image = _default_base()
+        if not isinstance(base_image, str) or not base_image or re.search(r"\s", base_image):
+            raise ConfigurationError(f"base_image={base_image!r} is not an image reference")
+        set_ = object.__setattr__  # frozen: the one place fields are written
+        set_(self, "base_image", base_image)
+        set_(self, "pip_packages", _requirements(pip_packages))
+        set_(self, "apt_packages", _packages(apt_packages))
+        set_(self, "environment", _environment(MappingProxyType({}) if environment is None else environment))
+        set_(self, "commands", _commands(commands))
+        set_(self, "wheels", _wheel_dir(wheels))
+        set_(self, "files", _files(MappingProxyType({}) if files is None else files))
+        if self.pip_packages and self.wheels:
+            _check_wheels_cover(self.pip_packages, self.wheels)
 
     def __hash__(self) -> int:
         # The generated hash would fail on the mappings; hash their frozen items instead.
         return hash(
             (
-                self.base,
+                self.base_image,
+                self.pip_packages,
                 self.apt_packages,
-                self.wheels,
-                tuple(self.files.items()),
                 tuple(self.environment.items()),
                 self.commands,
+                self.wheels,
+                tuple(self.files.items()),
             )
         )
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.base, str) or not self.base or re.search(r"\s", self.base):
-            raise ConfigurationError(f"base={self.base!r} is not an image reference")
-        object.__setattr__(self, "apt_packages", _packages(self.apt_packages))
-        object.__setattr__(self, "wheels", _wheel_dir(self.wheels))
-        object.__setattr__(self, "files", _files(self.files))
-        object.__setattr__(self, "environment", _environment(self.environment))
-        object.__setattr__(self, "commands", _commands(self.commands))
+    # -- 0.3.0 names ---------------------------------------------------------
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """0.3.0's name of :attr:`pip_packages`.
+
+        .. deprecated:: 0.4.0
+           Use :attr:`pip_packages`.
+        """
+        _deprecated("packages", "pip_packages")
+        return self.pip_packages
+
+    @property
+    def system_packages(self) -> tuple[str, ...]:
+        """0.3.0's name of :attr:`apt_packages`.
+
+        .. deprecated:: 0.4.0
+           Use :attr:`apt_packages`.
+        """
+        _deprecated("system_packages", "apt_packages")
+        return self.apt_packages
+
+    # -- builder methods -----------------------------------------------------
+
+    def apt_install(self, *packages: str) -> Template:
+        """A copy with Debian ``packages`` added (each may hold several, space separated).
+
+        Returns:
+            A new template; this one is unchanged.
+        """
+        return dataclasses.replace(self, apt_packages=self.apt_packages + packages)
+
+    def pip_install(self, *packages: str) -> Template:
+        """A copy with pip requirements added; see :attr:`pip_packages` (they need ``wheels``).
+
+        Returns:
+            A new template; this one is unchanged.
+        """
+        return dataclasses.replace(self, pip_packages=self.pip_packages + packages)
+
+    def run(self, *commands: str) -> Template:
+        """A copy with build ``commands`` appended (run as root, in order, after the rest).
+
+        Returns:
+            A new template; this one is unchanged.
+        """
+        return dataclasses.replace(self, commands=self.commands + commands)
+
+    def with_environment(self, **environment: str) -> Template:
+        """A copy with ``environment`` merged over this one's (a name given again is replaced).
+
+        Returns:
+            A new template; this one is unchanged.
+        """
+        return dataclasses.replace(self, environment={**self.environment, **environment})
+
+    def dockerfile(self) -> str:
+        """The Dockerfile :meth:`build` runs for this spec, with the base named as given.
+
+        The build itself pins the base by its image ID (``FROM sha256:...``);
+        ``ADD wheels.tar`` and ``ADD files.tar`` refer to archives :meth:`build`
+        stages in the build context.  No engine is asked.
+
+        Returns:
+            The Dockerfile's text.
+        """
+        from .runtime.docker.builder import render_dockerfile
+
+        text, _ = render_dockerfile(self, self.base_image, installer=self.wheels is not None)
+        return text
 
     # -- identity ------------------------------------------------------------
 
@@ -206,14 +372,14 @@ class Template:
         """
         from .runtime.docker.builder import default_api, resolve_base
 
-        return self.tag_for(resolve_base(default_api(), self.base))
+        return self.tag_for(resolve_base(default_api(), self.base_image))
 
     def _canonical(
         self, base_image_id: str, wheels: Mapping[str, str], installer: str | None
     ) -> dict[str, Any]:
         if not isinstance(base_image_id, str) or not base_image_id:
             raise ConfigurationError("base_image_id must be a non-empty image ID")
-        return {
+        canonical: dict[str, Any] = {
             "recipe": RECIPE_VERSION,
             "base": base_image_id,
             "apt_packages": list(self.apt_packages),
@@ -224,35 +390,68 @@ class Template:
             "environment": dict(sorted(self.environment.items())),
             "commands": list(self.commands),
         }
+        if self.pip_packages:
+            # Only when used, so that every tag from before pip_packages existed stays valid.
+            canonical["pip_packages"] = list(self.pip_packages)
+        return canonical
 
     # -- building ------------------------------------------------------------
 
     def build(
         self,
-        api: docker.APIClient | None = None,
+        tag: str | None = None,
         *,
+        client: docker.DockerClient | None = None,
+        api: docker.APIClient | None = None,
         progress: ProgressCallback | None = None,
         force: bool = False,
     ) -> str:
         """Build the image unless it exists; return its tag.
 
+        The image is always tagged with its content-addressed tag
+        (``agentnest/template:<sha256-12>``, see :attr:`tag`); ``tag`` adds a
+        name of your choice, as 0.3.0 did.
+
         Args:
-            api: a docker-py ``APIClient``; default: the ``docker`` backend's.
+            tag: also tag the image with this reference (``"my/agent:1"``) and
+                return it.  Default: return the content-addressed tag.
+            client: a docker-py ``DockerClient`` (``docker.from_env()``), as in 0.3.0.
+            api: a docker-py ``APIClient``.  At most one of ``client`` and
+                ``api``; default: the ``docker`` backend's.
             progress: called with a :class:`BuildEvent` for each step and line
                 of build output, and once with ``"cached"`` or ``"built"``.
             force: build even if the tag exists, without the engine's build cache.
 
         Returns:
-            The tag, ``agentnest/template:<sha256-12>``, usable as ``Sandbox(image=...)``.
+            ``tag`` if given, else ``agentnest/template:<sha256-12>``; either is
+            usable as ``Sandbox(image=...)``.
 
         Raises:
-            ImageNotFoundError: the base image is missing and cannot be pulled.
-            BackendError: the build failed; the message has the failing step's output.
+            ConfigurationError: ``tag``, ``client`` or ``api`` is not what it should be.
+            TemplateBuildError: a step failed (the message has its output), or
+                ``pip_packages`` were given without ``wheels``.
+            TemplateBaseNotFoundError: the base image is missing and cannot be pulled.
             RuntimeNotAvailableError: no Docker engine.
         """
-        from .runtime.docker.builder import build_template
+        from .runtime.docker.builder import build_template, default_api
 
-        return build_template(self, api, progress=progress, force=force)
+        reference = _image_tag(tag) if tag is not None else None
+        engine = _engine_api(client, api)
+        if self.pip_packages and not self.wheels:
+            raise TemplateBuildError(_offline_pip_hint(self.pip_packages))
+        try:
+            if engine is None:
+                engine = default_api()
+            content_tag = build_template(self, engine, progress=progress, force=force)
+            if reference is not None:
+                _add_tag(engine, content_tag, *reference)
+        except (RuntimeNotAvailableError, ConfigurationError):
+            raise  # no engine (a TemplateBuildError already), or a bad value: as they are
+        except ImageNotFoundError as exc:
+            raise TemplateBaseNotFoundError(str(exc)) from exc
+        except BackendError as exc:
+            raise TemplateBuildError(str(exc)) from exc
+        return tag if tag is not None else content_tag
 
     # -- loading -------------------------------------------------------------
 
@@ -273,9 +472,9 @@ class Template:
             )
         here = Path(root) if root is not None else Path.cwd()
         kwargs: dict[str, Any] = {}
-        if "base" in data:
-            kwargs["base"] = data["base"]
-        for key in ("apt_packages", "commands"):
+        if "base_image" in data:
+            kwargs["base_image"] = data["base_image"]
+        for key in ("pip_packages", "apt_packages", "commands"):
             if key in data:
                 value = data[key]
                 if not isinstance(value, list):
@@ -393,6 +592,92 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+# -- 0.3.0 compatibility ----------------------------------------------------------------
+
+
+def _deprecated(old: str, new: str) -> None:
+    # stacklevel 3: the caller of Template(...) or of the property, not this helper.
+    warnings.warn(
+        f"Template {old} is the agentnest 0.3.0 name; use {new} (same meaning)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def _renamed(old: str, value: Sequence[str], new: str, current: Sequence[str]) -> Sequence[str]:
+    """``value`` of the 0.3.0 keyword ``old``, unless ``new`` was given as well."""
+    if not (isinstance(current, Sequence) and len(current) == 0):
+        raise TypeError(f"Template() got both {old}= (the 0.3.0 name) and {new}=; give one")
+    warnings.warn(
+        f"Template({old}=...) is the agentnest 0.3.0 name; use {new}=... (same meaning)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return value
+
+
+def _engine_api(client: object, api: object) -> Any:
+    """The ``APIClient`` to build with: ``api``, a ``DockerClient``'s, or ``None`` (the default)."""
+    if client is not None and api is not None:
+        raise ConfigurationError("build() takes client= (a DockerClient) or api= (an APIClient), not both")
+    if client is not None:
+        # A docker.DockerClient carries its low-level APIClient as .api.
+        inner = getattr(client, "api", None)
+        if inner is None or not callable(getattr(inner, "build", None)):
+            raise ConfigurationError(
+                f"client= takes a docker.DockerClient (docker.from_env()), not {type(client).__name__}; "
+                "pass a docker.APIClient as api="
+            )
+        return inner
+    if api is not None and not callable(getattr(api, "build", None)):
+        raise ConfigurationError(f"api= takes a docker.APIClient, not {type(api).__name__}")
+    return api
+
+
+def _image_tag(tag: object) -> tuple[str, str]:
+    """``tag`` as ``(repository, tag)``; ``latest`` when it names none, as ``docker tag`` does."""
+    if not isinstance(tag, str):
+        # Ours took the APIClient first before 0.3.0's tag took that place.
+        raise ConfigurationError(
+            f"build(tag) takes an image tag such as 'my/agent:1', not {type(tag).__name__}; "
+            "pass an APIClient as build(api=...) or a DockerClient as build(client=...)"
+        )
+    match = _TAG_REFERENCE.fullmatch(tag)
+    if match is None or len(tag) > 255:
+        raise ConfigurationError(
+            f"build(tag={tag!r}): not an image tag; use [registry/]name[:tag] with a lower-case "
+            "name, such as 'my/agent:1' (no digest: a digest names content, it cannot be assigned)"
+        )
+    repository, name = match.group("repository"), match.group("tag") or "latest"
+    if repository == TEMPLATE_REPOSITORY:
+        raise ConfigurationError(
+            f"build(tag={tag!r}): {TEMPLATE_REPOSITORY} holds content-addressed tags only; "
+            "choose another name, or leave tag out to get the content-addressed one"
+        )
+    return repository, name
+
+
+def _add_tag(api: Any, image: str, repository: str, name: str) -> None:
+    from .runtime.docker.backend import map_docker_errors
+
+    with map_docker_errors(f"tagging {image} as {repository}:{name}", image):
+        # force: the name moves to this image if another had it, as `docker tag` does.
+        if api.tag(image, repository, name, force=True) is False:
+            raise BackendError(f"the engine did not tag {image} as {repository}:{name}")
+
+
+def _offline_pip_hint(requirements: Sequence[str]) -> str:
+    listed = " ".join(requirements)
+    return (
+        f"the template's pip packages ({listed}) cannot be installed: template builds are "
+        "offline (no package index is reachable from a build), so pip installs only from a "
+        "local directory of wheels. Download them, with their dependencies, where an index is "
+        f"reachable: `pip download --only-binary=:all: -d wheels {listed}` (for the image's "
+        "Python; the default image has Debian's Python 3.11), then build "
+        "Template(..., wheels='wheels').pip_install(...): pip installs them with --no-index"
+    )
+
+
 # -- validation -------------------------------------------------------------------------
 
 
@@ -406,22 +691,72 @@ def _strings(value: object, what: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _words(value: object, what: str) -> list[tuple[str, str]]:
+    """Each name in ``value`` and how it was written (its item, or ``''`` when alone).
+
+    "git curl" is two packages, as 0.3.0's shell line made it; each word is checked.
+    """
+    words = []
+    for item in _strings(value, what):
+        parts = item.split()
+        if not parts:
+            raise ConfigurationError(f"{what} holds an empty name ({item!r})")
+        words += [(word, f" (in {item!r})" if parts != [item] else "") for word in parts]
+    return words
+
+
 def _packages(value: object) -> tuple[str, ...]:
     out = set()
-    for spec in _strings(value, "apt_packages"):
+    for spec, where in _words(value, "apt_packages"):
         name, sep, version = spec.partition("=")
         if not _DEB_NAME.match(name):
             raise ConfigurationError(
-                f"apt package {spec!r} is not a Debian package name: use lower case letters, digits, "
-                "'+', '-' and '.', at least two characters, starting with a letter or digit"
+                f"apt package {spec!r}{where} is not a Debian package name: use lower case letters, "
+                "digits, '+', '-' and '.', at least two characters, starting with a letter or digit"
             )
         if sep and not _DEB_VERSION.match(version):
             raise ConfigurationError(
-                f"apt package {spec!r} has an invalid version: it must start with a digit and use "
+                f"apt package {spec!r}{where} has an invalid version: it must start with a digit and use "
                 "letters, digits and '.+~:-'"
             )
         out.add(spec)
     return tuple(sorted(out))
+
+
+def _requirements(value: object) -> tuple[str, ...]:
+    out = set()
+    for spec, where in _words(value, "pip_packages"):
+        if not _REQUIREMENT.fullmatch(spec):
+            raise ConfigurationError(
+                f"pip package {spec!r}{where} is not a requirement such as 'requests', "
+                "'requests[socks]' or 'requests>=2.31,<3' (spaces separate packages); pip options, "
+                "URLs and paths are not accepted: put the wheels in a directory and pass it as wheels="
+            )
+        out.add(spec)
+    return tuple(sorted(out))
+
+
+def _distribution(name: str) -> str:
+    # PEP 503 normalisation; wheel file names spell '-' as '_'.
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _check_wheels_cover(requirements: Sequence[str], directory: str) -> None:
+    """Refuse a requirement that no wheel in ``directory`` can satisfy by name."""
+    present = {_distribution(p.name.split("-", 1)[0]) for p in wheel_files(directory)}
+    missing = []
+    for spec in requirements:
+        match = _REQUIREMENT.fullmatch(spec)
+        assert match is not None  # checked by _requirements
+        if _distribution(match.group(1)) not in present:
+            missing.append(spec)
+    if missing:
+        listed = " ".join(missing)
+        raise ConfigurationError(
+            f"pip package{'s' * (len(missing) != 1)} {listed} ha{'ve' if len(missing) != 1 else 's'} "
+            f"no wheel in {directory!r}, and builds are offline; add them with their dependencies: "
+            f"`pip download --only-binary=:all: -d {directory} {listed}`"
+        )
 
 
 def _wheel_dir(value: object) -> str | None:

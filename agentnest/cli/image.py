@@ -38,7 +38,7 @@ _BUILD_EPILOG = """\
 A spec file holds the fields of agentnest.Template; every key is optional:
 
   {
-    "base": "agentnest/base:bookworm-...",
+    "base_image": "agentnest/base:bookworm-...",
     "apt_packages": ["jq", "ripgrep"],
     "wheels": "dist/",
     "files": {"/etc/app/prompt.txt": "be brief",
@@ -230,7 +230,7 @@ def handle_build(args: argparse.Namespace) -> int:
     display = BuildDisplay(sys.stderr, verbose=args.verbose)
     started = time.monotonic()
     try:
-        tag = template.build(api, progress=None if args.quiet else display, force=args.force)
+        tag = template.build(api=api, progress=None if args.quiet else display, force=args.force)
     finally:
         display.close()
     elapsed = time.monotonic() - started

@@ -137,7 +137,7 @@ def built(api: Any, created: list[str], wheels: Path) -> tuple[str, Recorder, fl
     seen = Recorder()
     started = time.monotonic()
     # force: a real build even if an earlier, interrupted run left the image behind.
-    tag = template.build(api, progress=seen, force=True)
+    tag = template.build(api=api, progress=seen, force=True)
     elapsed = time.monotonic() - started
     created.append(tag)
     print(f"\nfirst build of {tag}: {elapsed:.1f} s")
@@ -243,7 +243,7 @@ def test_the_same_spec_again_is_a_cache_hit(
         commands=commands,
     )
     proxy: Any = counting
-    assert again.build(proxy, progress=seen) == tag
+    assert again.build(api=proxy, progress=seen) == tag
     elapsed = time.monotonic() - started
     print(f"\ncached rebuild of {tag}: {elapsed * 1000:.0f} ms (first build {first:.1f} s)")
     assert counting.builds == 0
@@ -277,7 +277,7 @@ def test_a_failed_build_names_the_step_shows_its_output_and_leaves_no_layers(
     )
     before = {i["Id"] for i in api.images(all=True)}
     with pytest.raises(BackendError) as caught:
-        template.build(api)
+        template.build(api=api)
     message = str(caught.value)
     assert f"run: echo boom-{marker}; exit 3" in message
     assert f"boom-{marker}" in message.splitlines()[-1]
@@ -292,11 +292,11 @@ def test_a_failed_build_names_the_step_shows_its_output_and_leaves_no_layers(
 
 def test_force_rebuilds_and_removes_the_replaced_image(api: Any, created: list[str]) -> None:
     template = Template(files={"/opt/force/a.txt": os.urandom(8).hex()}, environment={"FORCED": "1"})
-    tag = template.build(api)
+    tag = template.build(api=api)
     created.append(tag)
     old_id = api.inspect_image(tag)["Id"]
     seen = Recorder()
-    assert template.build(api, progress=seen, force=True) == tag
+    assert template.build(api=api, progress=seen, force=True) == tag
     assert seen.events[-1].kind == "built" and seen.kinds("step")
     new_id = api.inspect_image(tag)["Id"]
     assert new_id != old_id
@@ -313,21 +313,76 @@ def test_a_base_without_apt_sources_gets_this_machines_mirror_and_a_rebuilt_base
         files={"/opt/bare/id": os.urandom(8).hex()},
         commands=("rm -f /etc/apt/sources.list /etc/apt/sources.list.d/*",),
     )
-    base_tag = bare.build(api)
+    base_tag = bare.build(api=api)
     created.append(base_tag)
     child = Template(
-        base=base_tag, apt_packages=("jq",), commands=("cat /etc/apt/sources.list > /opt/sources",)
+        base_image=base_tag, apt_packages=("jq",), commands=("cat /etc/apt/sources.list > /opt/sources",)
     )
     seen = Recorder()
-    child_tag = child.build(api, progress=seen)
+    child_tag = child.build(api=api, progress=seen)
     created.append(child_tag)
     assert any("has no apt sources" in e.message for e in seen.kinds("output"))
     with Sandbox(image=child_tag, timeout=60) as sandbox:
         assert sandbox.exec_shell("cat /opt/sources").check().stdout == f"deb {apt_mirror()} bookworm main\n"
         assert sandbox.exec_shell("jq -n 2").check().stdout == "2\n"
     # The same base name, rebuilt (a new ID): the child's tag changes with it.
-    bare.build(api, force=True)
+    bare.build(api=api, force=True)
     assert child.tag != child_tag
+
+
+def test_a_0_3_0_style_template_builds_offline_and_runs(
+    api: Any, created: list[str], wheels: Path, tmp_path: Path
+) -> None:
+    """0.3.0's builder calls, its build(tag, client=), and what a sandbox then finds inside."""
+    marker = os.urandom(6).hex()
+    name = f"agentnest-compat/template-test:{marker}"
+    template = (
+        Template(base_image(), wheels=str(wheels))
+        .apt_install("jq")
+        .pip_install("nestdemo==1.0")
+        .with_environment(COMPAT_MODE="0.3.0", COMPAT_MARKER=marker)
+        .run(
+            "mkdir -p /opt/compat && id -u > /opt/compat/built-as",
+            "jq -n --arg m \"$COMPAT_MARKER\" '{marker: $m}' > /opt/compat/from-jq.json",
+        )
+    )
+    client = docker.from_env()
+    try:
+        counting = CountingAPI(client.api)
+        client.api = counting  # type: ignore[assignment]
+        started = time.monotonic()
+        assert template.build(name, client=client) == name
+        print(f"\n0.3.0-style build: {time.monotonic() - started:.1f} s")
+        content_tag = template.tag
+        created.extend([name, content_tag])
+        assert counting.builds == 1
+        assert api.inspect_image(name)["Id"] == api.inspect_image(content_tag)["Id"]
+        # The same spec in 0.3.0's positional order (and deprecated keywords): same tag, nothing built.
+        with pytest.deprecated_call():
+            again = Template(
+                base_image(),
+                ("nestdemo==1.0",),
+                environment={"COMPAT_MARKER": marker, "COMPAT_MODE": "0.3.0"},
+                commands=template.commands,
+                wheels=str(wheels),
+                system_packages=("jq",),
+            )
+        assert again.build(client=client) == content_tag
+        assert counting.builds == 1
+    finally:
+        client.close()
+    with Sandbox(image=name, timeout=60) as sandbox:
+        assert sandbox.exec_shell("id -u").check().stdout.strip() == str(SANDBOX_UID)
+        assert sandbox.exec_shell("jq -n '[1, 2] | add'").check().stdout.strip() == "3"
+        # The run() steps ran at build time, as root, with the environment already set.
+        assert sandbox.exec_shell("cat /opt/compat/built-as").check().stdout == "0\n"
+        assert json.loads(sandbox.exec_shell("cat /opt/compat/from-jq.json").check().stdout) == {
+            "marker": marker
+        }
+        env = sandbox.exec_json("import os, json; print(json.dumps(dict(os.environ)))")
+        assert (env["COMPAT_MODE"], env["COMPAT_MARKER"]) == ("0.3.0", marker)
+        # pip_install, from the local wheels with no index.
+        assert sandbox.exec_shell("nestdemo").check().stdout.strip() == "nestdemo says 42"
 
 
 def test_secrets_never_reach_the_engine() -> None:

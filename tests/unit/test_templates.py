@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -27,7 +28,15 @@ import agentnest
 from agentnest import templates
 from agentnest.cli import image as image_cmd
 from agentnest.cli import main
-from agentnest.errors import BackendError, ConfigurationError, ImageNotFoundError, MissingDependencyError
+from agentnest.errors import (
+    BackendError,
+    ConfigurationError,
+    ImageNotFoundError,
+    MissingDependencyError,
+    RuntimeNotAvailableError,
+    TemplateBaseNotFoundError,
+    TemplateBuildError,
+)
 from agentnest.runtime import registry
 from agentnest.runtime.docker import builder
 from agentnest.secrets import Secret
@@ -45,7 +54,7 @@ def refused(match: str | None = None) -> AbstractContextManager[pytest.Exception
 def spec(**changes: Any) -> Template:
     """A template using every field but wheels (which need a directory)."""
     fields: dict[str, Any] = {
-        "base": BASE,
+        "base_image": BASE,
         "apt_packages": ("jq", "curl"),
         "files": {"/etc/app/a.txt": "alpha", "/opt/app/b.bin": b"\x00\x01"},
         "environment": {"APP_MODE": "strict", "APP_LEVEL": "3"},
@@ -73,7 +82,7 @@ def test_defaults_build_on_the_default_image() -> None:
     from agentnest.runtime.docker.images import base_image
 
     template = Template()
-    assert template.base == base_image()
+    assert template.base_image == base_image()
     assert (template.apt_packages, template.wheels, template.commands) == ((), None, ())
     assert dict(template.files) == {} and dict(template.environment) == {}
 
@@ -96,14 +105,28 @@ def test_packages_are_sorted_and_deduplicated() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["JQ", "j", "-jq", "--allow-unauthenticated", "jq;rm -rf /", "jq curl", "jq$(id)", "", "jq/x", ".jq"],
+    ["JQ", "j", "-jq", "--allow-unauthenticated", "jq;rm -rf /", "jq $(id)", "jq$(id)", "jq/x", ".jq"],
 )
 def test_refuses_names_outside_debian_rules(name: str) -> None:
     with refused("Debian package name"):
         spec(apt_packages=(name,))
 
 
-@pytest.mark.parametrize("version", ["", "a1", "1 2", "1;id", "1$x"])
+@pytest.mark.parametrize("field", ["apt_packages", "pip_packages"])
+@pytest.mark.parametrize("name", ["", "  ", "\t"])
+def test_refuses_empty_package_names(field: str, name: str) -> None:
+    with refused("empty name"):
+        spec(**{field: ("jq", name)})
+
+
+def test_several_names_in_one_string_are_several_packages_as_in_0_3_0() -> None:
+    """0.3.0 joined its packages into a shell line, so "git curl" meant two packages."""
+    assert spec(apt_packages=("jq  curl\tgit",)).apt_packages == ("curl", "git", "jq")
+    assert spec(apt_packages=("jq curl",)) == spec(apt_packages=("curl", "jq"))
+    assert spec(pip_packages=("rich click==8.1",)).pip_packages == ("click==8.1", "rich")
+
+
+@pytest.mark.parametrize("version", ["", "a1", "1;id", "1$x"])
 def test_refuses_bad_version_pins(version: str) -> None:
     with refused("invalid version"):
         spec(apt_packages=(f"jq={version}",))
@@ -196,7 +219,7 @@ def test_refuses_empty_or_nul_commands(commands: tuple[str, ...]) -> None:
 @pytest.mark.parametrize("base", ["", "has space:1", 3])
 def test_refuses_bad_base_references(base: Any) -> None:
     with refused("image reference"):
-        spec(base=base)
+        spec(base_image=base)
 
 
 def test_wheels_directory_is_checked(tmp_path: Path, wheels: Path) -> None:
@@ -231,7 +254,7 @@ def test_tag_shape() -> None:
 
 def test_tag_is_pinned_for_a_fixed_spec() -> None:
     """Changing the canonical form changes every tag: bump RECIPE_VERSION when you do."""
-    template = Template(base=BASE, apt_packages=("jq",), files={"/etc/x": "y"}, commands=("true",))
+    template = Template(base_image=BASE, apt_packages=("jq",), files={"/etc/x": "y"}, commands=("true",))
     assert template.canonical(BASE_ID) == {
         "recipe": 1,
         "base": BASE_ID,
@@ -274,7 +297,7 @@ def test_same_spec_same_tag_in_another_process(wheels: Path) -> None:
         if order:
             files = dict(reversed(list(files.items())))
             env = dict(reversed(list(env.items())))
-        t = Template(base={BASE!r}, apt_packages=("jq", "curl")[:: -1 if order else 1],
+        t = Template(base_image={BASE!r}, apt_packages=("jq", "curl")[:: -1 if order else 1],
                      wheels={str(wheels)!r}, files=files, environment=env, commands=("true",))
         print(t.tag_for({BASE_ID!r}))
         """
@@ -316,7 +339,7 @@ def test_any_change_makes_a_new_tag(change: dict[str, Any]) -> None:
 def test_the_base_image_id_not_its_name_is_in_the_tag() -> None:
     assert spec().tag_for(BASE_ID) != spec().tag_for(OTHER_BASE_ID)
     # Two names for one image are one base.
-    assert spec(base="another/name:2").tag_for(BASE_ID) == spec().tag_for(BASE_ID)
+    assert spec(base_image="another/name:2").tag_for(BASE_ID) == spec().tag_for(BASE_ID)
 
 
 def test_the_recipe_version_is_in_the_tag(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -387,7 +410,7 @@ def write_tool(tmp_path: Path) -> None:
 
 
 SPEC_DATA: dict[str, Any] = {
-    "base": BASE,
+    "base_image": BASE,
     "apt_packages": ["jq"],
     "wheels": "wheels",
     "files": {"/etc/app/prompt.txt": "be brief", "/opt/app/tool.py": {"source": "tool.py"}},
@@ -398,7 +421,7 @@ SPEC_DATA: dict[str, Any] = {
 
 def expected_template(tmp_path: Path) -> Template:
     return Template(
-        base=BASE,
+        base_image=BASE,
         apt_packages=("jq",),
         wheels=str(tmp_path / "wheels"),
         files={"/etc/app/prompt.txt": "be brief", "/opt/app/tool.py": b"print('tool')\n"},
@@ -408,7 +431,7 @@ def expected_template(tmp_path: Path) -> Template:
 
 
 TOML_SPEC = """\
-base = "example/base:1"
+base_image = "example/base:1"
 apt_packages = ["jq"]
 wheels = "wheels"
 commands = ["echo hi > /opt/hi"]
@@ -422,7 +445,7 @@ APP_MODE = "strict"
 """
 
 YAML_SPEC = """\
-base: example/base:1
+base_image: example/base:1
 apt_packages: [jq]
 wheels: wheels
 files:
@@ -540,7 +563,7 @@ def test_dockerfile_runs_each_part_in_order_and_ends_as_the_sandbox_user(wheels:
 
 def test_dockerfile_without_packages_or_wheels_has_no_such_steps() -> None:
     dockerfile, _ = builder.render_dockerfile(
-        Template(base=BASE, commands=("true",)), BASE_ID, installer=False
+        Template(base_image=BASE, commands=("true",)), BASE_ID, installer=False
     )
     assert "ARG" not in dockerfile and "apt-get" not in dockerfile and "ADD" not in dockerfile
     assert instructions(dockerfile) == [
@@ -553,14 +576,14 @@ def test_dockerfile_without_packages_or_wheels_has_no_such_steps() -> None:
 
 
 def test_environment_values_are_escaped_for_the_dockerfile() -> None:
-    template = Template(base=BASE, environment={"A": 'say "hi" $HOME \\n end', "B": ""})
+    template = Template(base_image=BASE, environment={"A": 'say "hi" $HOME \\n end', "B": ""})
     dockerfile, _ = builder.render_dockerfile(template, BASE_ID, installer=False)
     assert 'ENV A="say \\"hi\\" \\$HOME \\\\n end" B=""' in dockerfile
 
 
 def test_package_pins_are_quoted_for_the_shell() -> None:
     dockerfile, _ = builder.render_dockerfile(
-        Template(base=BASE, apt_packages=("jq=1:1.6~x",)), BASE_ID, installer=False
+        Template(base_image=BASE, apt_packages=("jq=1:1.6~x",)), BASE_ID, installer=False
     )
     assert "--no-install-recommends 'jq=1:1.6~x'" in json.loads(instructions(dockerfile)[3][4:])[2]
 
@@ -584,8 +607,8 @@ def read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
 
 
 def test_files_tar_has_only_file_entries_owned_by_root(fake: FakeBuildAPI) -> None:
-    template = Template(base=BASE, files={"/etc/app/deep/a.txt": "alpha", "/opt/b": b"\x00"})
-    template.build(as_api(fake))
+    template = Template(base_image=BASE, files={"/etc/app/deep/a.txt": "alpha", "/opt/b": b"\x00"})
+    template.build(api=as_api(fake))
     files = context_members(fake)["files.tar"]
     members = [info for info, _ in files.values()]
     # No directory entries: existing directories in the image keep their owner and mode.
@@ -595,7 +618,7 @@ def test_files_tar_has_only_file_entries_owned_by_root(fake: FakeBuildAPI) -> No
 
 
 def test_wheels_tar_stages_the_wheels_and_the_pip_to_run_them(fake: FakeBuildAPI, wheels: Path) -> None:
-    Template(base=BASE, wheels=str(wheels)).build(as_api(fake))
+    Template(base_image=BASE, wheels=str(wheels)).build(api=as_api(fake))
     staged = context_members(fake)["wheels.tar"]
     assert staged["tmp/agentnest-wheels/wheels/beta-2.0-py3-none-any.whl"][1] == b"beta wheel"
     names = sorted(staged)
@@ -623,6 +646,7 @@ class FakeBuildAPI:
         self.contexts: list[bytes] = []
         self.removed: list[str] = []
         self.pulls: list[tuple[str, str | None]] = []
+        self.tags: list[tuple[str, str, str | None, bool]] = []
         self.fail_at: int | None = None
         self.failure_output = "boom: exit 3"
         self.output = "some build output"
@@ -636,6 +660,11 @@ class FakeBuildAPI:
     def pull(self, repo: str, tag: str | None = None) -> None:
         self.pulls.append((repo, tag))
         raise docker.errors.APIError("no registry here")
+
+    def tag(self, image: str, repository: str, tag: str | None = None, force: bool = False) -> bool:
+        self.tags.append((image, repository, tag, force))
+        self.images[f"{repository}:{tag}"] = self.inspect_image(image)
+        return True
 
     def remove_image(self, ref: str, noprune: bool = False) -> None:
         self.removed.append(ref)
@@ -708,7 +737,7 @@ class Recorder:
 def test_build_streams_steps_and_labels_the_image(fake: FakeBuildAPI) -> None:
     template = spec()
     seen = Recorder()
-    tag = template.build(as_api(fake), progress=seen)
+    tag = template.build(api=as_api(fake), progress=seen)
     assert tag == template.tag_for(BASE_ID)
     (call,) = fake.builds
     assert call["tag"] == tag and call["custom_context"] is True and call["decode"] is True
@@ -732,7 +761,7 @@ def test_a_build_holds_a_lock_file_and_leaves_none_behind(fake: FakeBuildAPI) ->
     template = spec()
     lock = Path(tempfile.gettempdir()) / f"agentnest-template-{template.digest(BASE_ID)[:16]}.lock"
     held: list[tuple[str, bool]] = []
-    template.build(as_api(fake), progress=lambda event: held.append((event.kind, lock.exists())))
+    template.build(api=as_api(fake), progress=lambda event: held.append((event.kind, lock.exists())))
     # Taken once the tag is known, held through every step.
     assert held[0] == ("resolved", False)
     assert len(held) > 3 and all(exists for _, exists in held[1:])
@@ -740,24 +769,24 @@ def test_a_build_holds_a_lock_file_and_leaves_none_behind(fake: FakeBuildAPI) ->
 
 
 def test_without_packages_no_mirror_is_passed(fake: FakeBuildAPI) -> None:
-    Template(base=BASE, commands=("true",)).build(as_api(fake))
+    Template(base_image=BASE, commands=("true",)).build(api=as_api(fake))
     assert fake.builds[0]["buildargs"] is None
 
 
 def test_the_same_spec_is_not_built_twice(fake: FakeBuildAPI) -> None:
     template = spec()
-    tag = template.build(as_api(fake))
+    tag = template.build(api=as_api(fake))
     seen = Recorder()
-    assert spec().build(as_api(fake), progress=seen) == tag
+    assert spec().build(api=as_api(fake), progress=seen) == tag
     assert len(fake.builds) == 1
     assert seen.kinds() == ["resolved", "cached"]
 
 
 def test_force_rebuilds_without_cache_and_drops_the_replaced_image(fake: FakeBuildAPI) -> None:
     template = spec()
-    tag = template.build(as_api(fake))
+    tag = template.build(api=as_api(fake))
     old_id = fake.images[tag]["Id"]
-    template.build(as_api(fake), force=True)
+    template.build(api=as_api(fake), force=True)
     assert [b["nocache"] for b in fake.builds] == [False, True]
     assert fake.images[tag]["Id"] != old_id
     # The image that lost the tag is removed rather than left dangling.
@@ -769,7 +798,7 @@ def test_an_image_with_the_tag_but_another_label_is_rebuilt(fake: FakeBuildAPI) 
     template = spec()
     fake.images[template.tag_for(BASE_ID)] = {"Id": "sha256:" + "f" * 64, "Config": {"Labels": {}}}
     seen = Recorder()
-    template.build(as_api(fake), progress=seen)
+    template.build(api=as_api(fake), progress=seen)
     assert len(fake.builds) == 1
     assert "not built from this spec" in seen.events[1].message
 
@@ -778,7 +807,7 @@ def test_a_failed_step_says_which_and_shows_its_output(fake: FakeBuildAPI) -> No
     fake.fail_at = 7
     fake.failure_output = "jq: error: something broke"
     with pytest.raises(BackendError) as caught:
-        spec().build(as_api(fake))
+        spec().build(api=as_api(fake))
     message = str(caught.value)
     assert "failed at step 7/12 (run: echo one > /opt/one)" in message
     assert "non-zero code: 3" in message
@@ -793,20 +822,20 @@ def test_a_failed_step_says_which_and_shows_its_output(fake: FakeBuildAPI) -> No
 def test_a_failure_before_any_layer_removes_nothing(fake: FakeBuildAPI) -> None:
     fake.fail_at = 1
     with pytest.raises(BackendError, match="step 1/12"):
-        spec().build(as_api(fake))
+        spec().build(api=as_api(fake))
     assert fake.removed == []
 
 
 def test_a_missing_base_image_is_pulled_then_explained(fake: FakeBuildAPI) -> None:
     with pytest.raises(ImageNotFoundError, match="could not be pulled"):
-        spec(base="nowhere/to-be:found").build(as_api(fake))
+        spec(base_image="nowhere/to-be:found").build(api=as_api(fake))
     assert fake.pulls == [("nowhere/to-be", "found")]
     assert fake.builds == []
 
 
 def test_a_missing_default_image_says_how_to_build_it(fake: FakeBuildAPI) -> None:
     with pytest.raises(ImageNotFoundError, match="agentnest image base"):
-        Template().build(as_api(fake))
+        Template().build(api=as_api(fake))
     assert fake.pulls == []
 
 
@@ -879,7 +908,7 @@ def cli_engine(monkeypatch: pytest.MonkeyPatch, fake: FakeBuildAPI) -> FakeBuild
 
 def write_json_spec(tmp_path: Path) -> Path:
     path = tmp_path / "template.json"
-    path.write_text(json.dumps({"base": BASE, "files": {"/etc/x": "y"}, "commands": ["true"]}))
+    path.write_text(json.dumps({"base_image": BASE, "files": {"/etc/x": "y"}, "commands": ["true"]}))
     return path
 
 
@@ -909,7 +938,7 @@ def test_cli_build_with_a_bad_spec_is_a_usage_error(
     path.write_text('{"apt_packages": ["Not A Package"]}')
     assert main(["image", "build", str(path)]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("error: apt package 'Not A Package'")
+    assert out == "" and err.startswith("error: apt package 'Not' (in 'Not A Package')")
     assert cli_engine.builds == []
 
 
@@ -964,3 +993,338 @@ def test_cli_list_marks_templates(
     header, row = capsys.readouterr().out.splitlines()
     assert header.split() == ["IMAGE", "KIND", "ID", "CREATED", "SIZE", "DEFAULT"]
     assert row.split()[:3] == ["agentnest/template:111111111111", "template", "111111111111"]
+
+
+# -- 0.3.0's Template: positions, names, builder methods, dockerfile(), build(tag, client=) --
+
+
+#: 0.3.0's own unit test (tests/test_addons.py), on a local base: its builder chain.
+def chain_0_3_0() -> Template:
+    return (
+        Template(BASE)
+        .apt_install("git")
+        .pip_install("requests==2.32.3")
+        .with_environment(MODE="test value")
+        .run("python -V")
+    )
+
+
+def test_0_3_0_positions_mean_what_they_meant() -> None:
+    """Template(base_image, packages, system_packages, environment, commands)."""
+    positional = Template(BASE, ("requests==2.32.3",), ("git",), {"MODE": "test value"}, ("python -V",))
+    assert positional.base_image == BASE
+    assert positional.pip_packages == ("requests==2.32.3",)
+    assert positional.apt_packages == ("git",)
+    assert dict(positional.environment) == {"MODE": "test value"}
+    assert positional.commands == ("python -V",)
+    assert positional == chain_0_3_0()
+    assert positional.tag_for(BASE_ID) == chain_0_3_0().tag_for(BASE_ID)
+
+
+def test_0_3_0_keywords_are_deprecated_aliases() -> None:
+    with pytest.deprecated_call() as caught:
+        old = Template(base_image=BASE, packages=("requests==2.32.3",), system_packages=("git",))
+    assert [str(w.message).split("; ")[1] for w in caught] == [
+        "use pip_packages=... (same meaning)",
+        "use apt_packages=... (same meaning)",
+    ]
+    assert old == Template(base_image=BASE, pip_packages=("requests==2.32.3",), apt_packages=("git",))
+    with pytest.deprecated_call(match="use apt_packages="):
+        Template(BASE, system_packages=["git"])
+
+
+def test_0_3_0_field_names_read_the_new_fields_with_a_warning() -> None:
+    template = chain_0_3_0()
+    with pytest.deprecated_call(match="use pip_packages"):
+        assert template.packages == ("requests==2.32.3",)
+    with pytest.deprecated_call(match="use apt_packages"):
+        assert template.system_packages == ("git",)
+
+
+def test_deprecation_warnings_point_at_the_caller() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        template = Template(BASE, packages=("rich",))
+        assert template.packages == ("rich",)
+    assert [w.category for w in caught] == [DeprecationWarning, DeprecationWarning]
+    assert {w.filename for w in caught} == {__file__}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"pip_packages": ("rich",), "packages": ("click",)},
+        {"apt_packages": ("jq",), "system_packages": ("git",)},
+    ],
+)
+def test_an_old_and_a_new_name_together_are_refused(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(TypeError, match="got both"):
+        Template(BASE, **kwargs)
+
+
+def test_positional_and_keyword_for_one_field_is_refused_as_python_does() -> None:
+    with pytest.raises(TypeError, match="got both"):
+        Template(BASE, ("rich",), packages=("click",))
+
+
+def test_builder_methods_return_new_templates_and_leave_the_old_one() -> None:
+    plain = Template(BASE)
+    with_git = plain.apt_install("git", "curl jq")
+    assert plain.apt_packages == ()
+    assert with_git.apt_packages == ("curl", "git", "jq")
+    assert with_git.apt_install().apt_packages == with_git.apt_packages
+    pip = with_git.pip_install("rich", "click==8.1.7")
+    assert (with_git.pip_packages, pip.pip_packages) == ((), ("click==8.1.7", "rich"))
+    ran = pip.run("echo one > /opt/one").run("echo two > /opt/two", "true")
+    assert ran.commands == ("echo one > /opt/one", "echo two > /opt/two", "true")
+    env = ran.with_environment(A="1", B="2").with_environment(B="3")
+    assert dict(env.environment) == {"A": "1", "B": "3"}
+    assert dict(ran.environment) == {}
+    # Everything else is carried over, and the result is frozen like any template.
+    assert (env.base_image, env.apt_packages, env.pip_packages) == (
+        BASE,
+        ("curl", "git", "jq"),
+        pip.pip_packages,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        env.commands = ()  # type: ignore[misc]
+
+
+def test_builder_methods_keep_wheels_and_files(wheels: Path) -> None:
+    template = spec(wheels=str(wheels)).run("true").with_environment(X="1").apt_install("git")
+    assert template.wheels == str(wheels)
+    assert dict(template.files) == dict(spec().files)
+
+
+def test_builder_methods_validate_like_the_constructor() -> None:
+    with refused("Debian package name"):
+        Template(BASE).apt_install("jq;id")
+    with refused("not a requirement"):
+        Template(BASE).pip_install("--index-url=http://evil/simple")
+    with refused("Secret"):
+        Template(BASE).with_environment(TOKEN=Secret("hunter2"))  # type: ignore[arg-type]
+    with refused("set by the sandbox"):
+        Template(BASE).with_environment(PATH="/opt/venv/bin:/usr/bin")
+    with refused("command"):
+        Template(BASE).run("")
+
+
+def test_the_order_of_run_steps_is_in_the_tag_and_the_rest_is_not() -> None:
+    one = Template(BASE).run("a", "b").apt_install("jq", "git").with_environment(A="1", B="2")
+    two = Template(BASE).with_environment(B="2", A="1").apt_install("git").apt_install("jq").run("a").run("b")
+    assert one.tag_for(BASE_ID) == two.tag_for(BASE_ID)
+    assert Template(BASE).run("b", "a").tag_for(BASE_ID) != Template(BASE).run("a", "b").tag_for(BASE_ID)
+
+
+@pytest.mark.parametrize(
+    "requirement",
+    [
+        "requests",
+        "requests==2.32.3",
+        "requests[socks,use_chardet_on_py3]>=2.31,<3",
+        "zope.interface~=6.0",
+        "Django!=4.0.*",
+        "torch==2.3.0+cpu",
+        "my_pkg===1.0",
+    ],
+)
+def test_pip_requirements_accepted(requirement: str) -> None:
+    assert Template(BASE, pip_packages=(requirement,)).pip_packages == (requirement,)
+
+
+@pytest.mark.parametrize(
+    "requirement",
+    [
+        "-r",
+        "--index-url=http://x",
+        "git+https://github.com/psf/requests",
+        "https://example.com/x.whl",
+        "./dist/x.whl",
+        "requests>=",
+        "requests;python_version<'3.12'",
+        "requests$(id)",
+        "requests[",
+    ],
+)
+def test_pip_options_urls_and_paths_are_refused(requirement: str) -> None:
+    with refused("not a requirement"):
+        Template(BASE, pip_packages=(requirement,))
+
+
+def test_pip_packages_are_sorted_and_deduplicated_and_in_the_tag_only_when_used() -> None:
+    template = Template(BASE, pip_packages=("rich", "click", "rich"))
+    assert template.pip_packages == ("click", "rich")
+    assert template.canonical(BASE_ID)["pip_packages"] == ["click", "rich"]
+    # Without pip packages the canonical form is the one from before they existed
+    # (test_tag_is_pinned_for_a_fixed_spec), so no existing tag changes.
+    assert "pip_packages" not in Template(BASE).canonical(BASE_ID)
+    assert template.tag_for(BASE_ID) != Template(BASE, pip_packages=("click",)).tag_for(BASE_ID)
+    assert template.tag_for(BASE_ID) != Template(BASE).tag_for(BASE_ID)
+    assert template.tag_for(BASE_ID) == Template(BASE).pip_install("rich", "click").tag_for(BASE_ID)
+
+
+def write_wheels(directory: Path, *names: str) -> Path:
+    directory.mkdir(exist_ok=True)
+    for name in names:
+        (directory / name).write_bytes(name.encode())
+    return directory
+
+
+def test_pip_packages_must_have_a_wheel_when_wheels_are_given(tmp_path: Path) -> None:
+    wheels = write_wheels(tmp_path / "w", "Rich-13.0-py3-none-any.whl", "zope.interface-6.0-py3-none-any.whl")
+    # Names compare as pip compares them (PEP 503): case, '-', '_' and '.' alike.
+    ok = Template(BASE, pip_packages=("rich==13.0", "Zope-Interface"), wheels=str(wheels))
+    assert ok.pip_packages == ("Zope-Interface", "rich==13.0")
+    with refused("no wheel in") as caught:
+        Template(BASE, wheels=str(wheels)).pip_install("rich", "requests==2.32.3", "click")
+    message = str(caught.value)
+    assert "requests==2.32.3 click" in message or "click requests==2.32.3" in message
+    assert f"pip download --only-binary=:all: -d {wheels}" in message
+
+
+def test_pip_packages_without_wheels_build_nothing_and_say_how_to_get_them(fake: FakeBuildAPI) -> None:
+    template = chain_0_3_0()
+    with pytest.raises(TemplateBuildError) as caught:
+        template.build(api=as_api(fake))
+    message = str(caught.value)
+    assert "offline" in message
+    assert "pip download --only-binary=:all: -d wheels requests==2.32.3" in message
+    assert "wheels='wheels'" in message
+    # As 0.3.0 raised for a failed build, so its handlers still catch it.
+    assert isinstance(caught.value, RuntimeNotAvailableError)
+    assert fake.builds == [] and fake.pulls == []
+
+
+def test_pip_packages_are_installed_from_the_wheels_only(fake: FakeBuildAPI, tmp_path: Path) -> None:
+    wheels = write_wheels(tmp_path / "w", "rich-13.0-py3-none-any.whl", "pygments-2.0-py3-none-any.whl")
+    template = Template(BASE, wheels=str(wheels)).pip_install("rich==13.0")
+    dockerfile, steps = builder.render_dockerfile(template, BASE_ID, installer=True)
+    pip = next(json.loads(line[4:])[2] for line in instructions(dockerfile) if "pip install" in line)
+    # The requirement, resolved from the staged wheels; not every wheel in the directory.
+    assert "pip install --no-index --find-links /tmp/agentnest-wheels/wheels rich==13.0\n" in pip
+    assert "*.whl" not in pip
+    assert "pip install (offline): rich==13.0" in steps
+    tag = template.build(api=as_api(fake))
+    assert tag == template.tag_for(BASE_ID)
+    staged = context_members(fake)["wheels.tar"]
+    assert "tmp/agentnest-wheels/wheels/pygments-2.0-py3-none-any.whl" in staged
+
+
+def test_dockerfile_describes_the_spec_without_an_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_engine() -> None:
+        raise AssertionError("dockerfile() asked the engine")
+
+    monkeypatch.setattr(builder, "default_api", no_engine)
+    text = chain_0_3_0().dockerfile()
+    lines = instructions(text)
+    assert lines[0] == f"FROM {BASE}"  # the name as given; build() pins the ID
+    assert "apt-get install -y --no-install-recommends git" in text
+    assert "requests==2.32.3" in text
+    assert 'ENV MODE="test value"' in lines
+    # The build commands run as root, before the sandbox user is set.
+    assert lines.index('RUN ["/bin/sh", "-c", "python -V"]') < lines.index("USER 65532:65532")
+    assert lines[-2:] == ["USER 65532:65532", "WORKDIR /workspace"]
+    # The same text the build sends, but for the base's name.
+    built, _ = builder.render_dockerfile(chain_0_3_0(), BASE_ID, installer=False)
+    assert built.replace(f"FROM {BASE_ID}", f"FROM {BASE}") == text
+
+
+def test_build_with_a_tag_tags_the_content_image_and_returns_the_tag(fake: FakeBuildAPI) -> None:
+    template = spec()
+    assert template.build("my/agent:1", api=as_api(fake)) == "my/agent:1"
+    content = template.tag_for(BASE_ID)
+    assert fake.tags == [(content, "my/agent", "1", True)]
+    assert fake.images["my/agent:1"]["Id"] == fake.images[content]["Id"]
+    # The same spec again: nothing is built, the name is tagged again; a bare name is :latest.
+    assert template.build(tag="my/agent", api=as_api(fake)) == "my/agent"
+    assert len(fake.builds) == 1
+    assert fake.tags[-1] == (content, "my/agent", "latest", True)
+    assert template.build(api=as_api(fake)) == content
+
+
+def test_build_takes_a_docker_client_as_0_3_0_did(fake: FakeBuildAPI) -> None:
+    class DockerClient:  # the slice of docker.DockerClient used: its APIClient
+        api = fake
+
+    client: Any = DockerClient()
+    assert spec().build(client=client) == spec().tag_for(BASE_ID)
+    assert len(fake.builds) == 1
+
+
+def test_build_refuses_two_engines_or_things_that_are_not_one(fake: FakeBuildAPI) -> None:
+    client: Any = type("DockerClient", (), {"api": fake})()
+    with refused("not both"):
+        spec().build(client=client, api=as_api(fake))
+    not_a_client: Any = object()
+    with refused("DockerClient"):
+        spec().build(client=not_a_client)
+    a_url: Any = "unix:///var/run/docker.sock"
+    with refused("APIClient"):
+        spec().build(api=a_url)
+    assert fake.builds == []
+
+
+@pytest.mark.parametrize(
+    ("tag", "why"),
+    [
+        ("My/Agent:1", "not an image tag"),
+        ("my agent", "not an image tag"),
+        ("my/agent@sha256:" + "a" * 64, "digest"),
+        ("my/agent:", "not an image tag"),
+        ("agentnest/template:abc", "content-addressed"),
+    ],
+)
+def test_build_refuses_bad_tags_before_building(fake: FakeBuildAPI, tag: str, why: str) -> None:
+    with refused(why):
+        spec().build(tag, api=as_api(fake))
+    assert fake.builds == [] and fake.tags == []
+
+
+def test_an_api_client_in_the_tag_position_is_explained(fake: FakeBuildAPI) -> None:
+    """Ours took the APIClient first before 0.3.0's ``tag`` got that place back."""
+    with refused(r"build\(api=\.\.\.\)"):
+        spec().build(as_api(fake))
+    assert fake.builds == []
+
+
+def test_a_failed_build_is_the_0_3_0_error_type_too(fake: FakeBuildAPI) -> None:
+    fake.fail_at = 7
+    with pytest.raises(TemplateBuildError, match="failed at step 7/12") as caught:
+        spec().build(api=as_api(fake))
+    assert isinstance(caught.value, RuntimeNotAvailableError)  # 0.3.0's type
+    assert isinstance(caught.value, BackendError)
+    assert isinstance(caught.value.__cause__, BackendError)
+
+
+def test_a_missing_base_is_the_0_3_0_error_type_too(fake: FakeBuildAPI) -> None:
+    with pytest.raises(TemplateBaseNotFoundError, match="could not be pulled") as caught:
+        Template("python:3.12-slim").build(api=as_api(fake))
+    assert isinstance(caught.value, ImageNotFoundError)
+    assert isinstance(caught.value, RuntimeNotAvailableError)
+
+
+def test_dataclass_tools_see_the_new_fields() -> None:
+    names = [f.name for f in dataclasses.fields(Template)]
+    assert names == [
+        "base_image",
+        "pip_packages",
+        "apt_packages",
+        "environment",
+        "commands",
+        "wheels",
+        "files",
+    ]
+    template = chain_0_3_0()
+    assert dataclasses.replace(template, commands=()) == Template(BASE).apt_install("git").pip_install(
+        "requests==2.32.3"
+    ).with_environment(MODE="test value")
+
+
+def test_spec_files_take_pip_packages(tmp_path: Path) -> None:
+    wheels = write_wheels(tmp_path / "wheels", "rich-13.0-py3-none-any.whl")
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"base_image": BASE, "pip_packages": ["rich"], "wheels": "wheels"}))
+    assert Template.from_file(path) == Template(BASE, ("rich",), wheels=str(wheels))
+    path.write_text(json.dumps({"pip_packages": "rich"}))
+    with refused("must be a list"):
+        Template.from_file(path)

@@ -154,8 +154,10 @@ def _apt_script(packages: Sequence[str]) -> str:
     )
 
 
-def _pip_script() -> str:
+def _pip_script(requirements: Sequence[str] = ()) -> str:
     wheels = f"{STAGING}/wheels"
+    # Requirements are resolved from the staged wheels; without any, every wheel is installed.
+    targets = " ".join(shlex.quote(r) for r in requirements) if requirements else f"{wheels}/*.whl"
     return "\n".join(
         [
             "set -eu",
@@ -170,7 +172,7 @@ def _pip_script() -> str:
             # hence PEP 668's guard is lifted), with no cache left in the layer.
             "export PIP_NO_INDEX=1 PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore "
             "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1",
-            f"python3 -m pip install --no-index --find-links {wheels} {wheels}/*.whl",
+            f"python3 -m pip install --no-index --find-links {wheels} {targets}",
             f"rm -rf {STAGING}",
         ]
     )
@@ -196,6 +198,10 @@ def render_dockerfile(template: Template, base_image_id: str, *, installer: bool
         )
     if template.wheels:
         lines.append(("ADD wheels.tar /", "add the wheels"))
+    if template.pip_packages:
+        listed = " ".join(template.pip_packages)
+        lines.append((_run(_pip_script(template.pip_packages)), f"pip install (offline): {listed}"[:120]))
+    elif template.wheels:
         lines.append((_run(_pip_script()), "install the wheels with pip (offline)"))
     if template.files:
         count = len(template.files)
@@ -345,7 +351,7 @@ def build_template(
     """
     emit: Callable[[BuildEvent], None] = progress or (lambda _event: None)
     api = api if api is not None else default_api()
-    base_id = resolve_base(api, template.base)
+    base_id = resolve_base(api, template.base_image)
     with tempfile.TemporaryDirectory(prefix="agentnest-template-") as tmp_name:
         tmp = Path(tmp_name)
         wheel_hashes, installer = _stage_wheels(template, tmp)
@@ -389,7 +395,7 @@ def _run_build(
     layers: list[str] = []
     step = total = 0
     failure: str | None = None
-    with map_docker_errors(f"building {tag}", template.base), context.open("rb") as body:
+    with map_docker_errors(f"building {tag}", template.base_image), context.open("rb") as body:
         stream = api.build(
             fileobj=body,
             custom_context=True,
