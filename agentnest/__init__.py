@@ -31,6 +31,8 @@ from .errors import (
     SandboxDestroyedError,
     SessionLostError,
     SnapshotError,
+    TemplateBaseNotFoundError,
+    TemplateBuildError,
     UnsupportedCapabilityError,
     VerificationError,
 )
@@ -94,6 +96,8 @@ __all__ = [
     "SnapshotError",
     "SnapshotMetadata",
     "Template",
+    "TemplateBaseNotFoundError",
+    "TemplateBuildError",
     "UnsupportedCapabilityError",
     "VerificationError",
     "__version__",

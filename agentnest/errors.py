@@ -11,6 +11,8 @@ Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
      ├── SandboxDestroyedError       the sandbox is gone
      ├── BackendError                the engine failed or refused
      │    ├── RuntimeNotAvailableError   no engine, or no such OCI runtime
+     │    │    └── TemplateBuildError     a template image could not be built (as 0.3.0 raised)
+     │    │         └── TemplateBaseNotFoundError  (also ImageNotFoundError) its base is missing
      │    └── ImageNotFoundError         the image is missing and cannot be pulled
      ├── ChannelError                the in-sandbox agent is gone or misbehaved
      ├── ExecutionError              a command failed; ``.result`` holds its output
@@ -87,6 +89,24 @@ class RuntimeNotAvailableError(BackendError):
 
 class ImageNotFoundError(BackendError):
     """The image does not exist locally and could not be pulled.
+
+    .. versionadded:: 0.4.0
+    """
+
+
+class TemplateBuildError(RuntimeNotAvailableError):
+    """A template image could not be built: a step failed, or it cannot be built offline.
+
+    A :class:`RuntimeNotAvailableError` because 0.3.0's ``Template.build``
+    raised that for every failure, so 0.3.0 handlers still catch it.  The
+    message names the failing step and ends with its output.
+
+    .. versionadded:: 0.4.0
+    """
+
+
+class TemplateBaseNotFoundError(TemplateBuildError, ImageNotFoundError):
+    """A template's base image is not on the engine and could not be pulled.
 
     .. versionadded:: 0.4.0
     """
@@ -220,6 +240,8 @@ __all__ = [
     "SandboxDestroyedError",
     "SessionLostError",
     "SnapshotError",
+    "TemplateBaseNotFoundError",
+    "TemplateBuildError",
     "UnsupportedCapabilityError",
     "VerificationError",
 ]
