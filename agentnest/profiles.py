@@ -356,9 +356,9 @@ def _parse_profile(w: _Where, name: str, raw: _Map) -> dict[str, Any]:
 
 
 def _parse_network(w: _Where, value: Any, line: int, where: str) -> NetworkPolicy:
-    if value == "denied":
+    if value in ("denied", "deny"):  # 'deny' and 'allow': 0.3.0's names of the modes
         return NetworkPolicy.denied()
-    if value == "open":
+    if value in ("open", "allow"):
         return NetworkPolicy.open()
     if not isinstance(value, _Map):
         raise w.error(line, where, f"must be 'denied', 'open' or {{allowlist: ...}}, not {_kind(value)}")
@@ -366,7 +366,14 @@ def _parse_network(w: _Where, value: Any, line: int, where: str) -> NetworkPolic
     if "allowlist" not in value:
         raise w.error(line, where, "a mapping here needs 'allowlist'")
     allow = _mapping(w, value["allowlist"], value.lines["allowlist"], f"{where}.allowlist")
-    _check_keys(w, allow, _ALLOWLIST_KEYS, f"{where}.allowlist")
+    _check_keys(w, allow, (*_ALLOWLIST_KEYS, "subdomains"), f"{where}.allowlist")
+    subdomains = allow.get("subdomains", True)
+    if not isinstance(subdomains, bool):
+        raise w.error(
+            allow.lines["subdomains"],
+            f"{where}.allowlist.subdomains",
+            f"must be true or false, not {_kind(subdomains)}",
+        )
     lists: dict[str, tuple[Any, ...]] = {}
     for key in _ALLOWLIST_KEYS:
         if key not in allow:
@@ -384,7 +391,7 @@ def _parse_network(w: _Where, value: Any, line: int, where: str) -> NetworkPolic
                 raise w.error(item_line, kwhere, str(exc)) from None
         lists[key] = tuple(items)
     try:
-        return NetworkPolicy.allowlist(**lists)
+        return NetworkPolicy.allowlist(**lists, subdomains=subdomains)
     except ConfigurationError as exc:
         raise w.error(value.lines["allowlist"], f"{where}.allowlist", str(exc)) from None
 
@@ -452,8 +459,8 @@ def _build(w: _Where, name: str, settings: dict[str, Any], line: int) -> Profile
             settings.get("memory", "512m"),
             settings.get("cpus", 1.0),
             settings.get("pids", 256),
-            settings.get("workspace_size", "256m"),
-            settings.get("scratch_size", "64m"),
+            settings.get("workspace_size"),
+            settings.get("scratch_size"),
         )
     except ConfigurationError as exc:
         raise w.error(line, where, str(exc)) from None

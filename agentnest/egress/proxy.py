@@ -17,13 +17,15 @@ What it serves:
   pipelined second request cannot carry another ``Host``.
 
 Every decision follows the same steps: the port must be allowed; a name must
-match the allowlist (exact, or ``*.suffix`` for names strictly below the
-suffix); it is resolved (the ``hosts`` mapping first, else DNS); private,
-loopback, link-local (cloud metadata), multicast, reserved and unspecified
-addresses are refused unless a ``cidrs`` range admits them; an address
-literal is admitted only by ``cidrs``.  The proxy connects to the very
-address it checked, so a DNS answer that changes between check and use
-(rebinding) cannot redirect it.
+match the allowlist (a listed name and, unless ``subdomains`` is off, the
+names below it; ``*.suffix`` for names strictly below the suffix); it is
+resolved (the ``hosts`` mapping first, else DNS); private, loopback,
+link-local (cloud metadata), multicast, reserved and unspecified addresses
+are refused unless a ``cidrs`` range admits them.  An address literal as
+destination is admitted if it is listed itself (an IP address among the
+domains: the user's explicit choice of exactly that address) or inside a
+``cidrs`` range.  The proxy connects to the very address it checked, so a
+DNS answer that changes between check and use (rebinding) cannot redirect it.
 
 Every connection, allowed or refused, ends in one JSON line (an event) on
 stdout: ``type`` (``egress.allowed`` / ``egress.denied``), ``host``,
@@ -66,7 +68,7 @@ REASONS: Dict[str, str] = {
     "allowed": "the connection was made and has ended",
     "port_not_allowed": "the destination port is not in the allowed ports",
     "domain_not_allowed": "the host name matches no allowlist entry",
-    "ip_not_allowed": "an address literal outside every allowed cidr",
+    "ip_not_allowed": "an address literal neither listed in domains nor inside an allowed cidr",
     "address_refused": "the name resolved only to private/loopback/link-local/reserved addresses",
     "bad_host": "the host is not a valid host name or address",
     "resolve_failed": "the name did not resolve",
@@ -131,20 +133,46 @@ def normalize_host(name: str) -> Optional[str]:
 
 
 def check_pattern(pattern: str) -> str:
-    """Validate an allowlist entry (exact name or ``*.suffix``); return it normalised.
+    """Validate an allowlist entry; return it normalised.
+
+    An entry is a host name (``pypi.org``), a ``*.suffix`` pattern
+    (``*.example.com``), or an IP address literal (``10.20.30.40``, ``::1``,
+    ``[::1]``), which comes back in its canonical form (``::1``).
 
     Raises:
-        ValueError: not a host name or pattern, or too broad (``*``, ``*.com``).
+        ValueError: not a host name, pattern or address; too broad (``*``,
+            ``*.com``); an address that is no destination (``0.0.0.0``,
+            multicast); or a name that only looks like an address (``10.1.2``).
     """
     if not isinstance(pattern, str):
         raise ValueError("allowlist domain %r must be a string" % (pattern,))
     p = pattern.strip().lower()
     if p.endswith("."):
         p = p[:-1]
+    literal = _pattern_literal(p)
+    if literal is not None:
+        reached = unmapped(literal)
+        if reached.is_unspecified or reached.is_multicast:
+            # 0.0.0.0 and :: mean "this host" to connect(), multicast is no TCP
+            # peer: neither names a server, so listing one is a mistake.
+            raise ValueError(
+                "allowlist address %r is %s, not a server's address"
+                % (pattern, "unspecified" if reached.is_unspecified else "multicast")
+            )
+        return str(literal)
     wildcard = p.startswith("*.")
     host = p[2:] if wildcard else p
     if normalize_host(host) is None:
-        raise ValueError("allowlist domain %r is not a host name or '*.suffix' pattern" % (pattern,))
+        raise ValueError(
+            "allowlist domain %r is not a host name, '*.suffix' pattern or IP address" % (pattern,)
+        )
+    if host.rsplit(".", 1)[-1].isdigit():
+        # No top-level domain is all digits; resolvers read '10.1.2' or
+        # '2130706433' as an IPv4 address in a legacy notation.
+        raise ValueError(
+            "allowlist domain %r is neither a host name nor an IP address; write an IPv4 address "
+            "as four decimal numbers, like '10.20.30.40'" % (pattern,)
+        )
     if wildcard and len(host.split(".")) < 2:
         # '*' or '*.com' would admit a whole top-level domain.
         raise ValueError(
@@ -153,13 +181,44 @@ def check_pattern(pattern: str) -> str:
     return p
 
 
-def match_host(host: str, patterns: Sequence[str]) -> bool:
-    """Whether normalised ``host`` matches an entry: exactly, or strictly below a ``*.suffix``."""
+def _pattern_literal(text: str) -> Optional[IPAddress]:
+    """The address an allowlist entry names, or None if it is no address literal.
+
+    Stricter than :func:`parse_ip`: brackets only around IPv6, no zone (``%eth0``).
+    """
+    bracketed = text.startswith("[") and text.endswith("]")
+    if bracketed:
+        text = text[1:-1]
+    if "%" in text:
+        return None  # a zone names an interface of the proxy's host, not a destination
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if bracketed and ip.version != 6:
+        return None
+    return ip
+
+
+def match_host(host: str, patterns: Sequence[str], subdomains: bool = True) -> bool:
+    """Whether normalised host name ``host`` matches an allowlist entry.
+
+    A ``*.suffix`` entry matches the names strictly below the suffix.  A name
+    entry matches itself and, with ``subdomains``, every name below it
+    (``pypi.org`` matches ``files.pypi.org``, never ``notpypi.org``), except a
+    one-label name (``localhost``, ``com``), which matches only itself: below
+    it would be a whole top-level domain.  An address entry matches no name.
+    """
     for pattern in patterns:
         if pattern.startswith("*."):
             if host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
                 return True
-        elif host == pattern:
+            continue
+        if host == pattern:
+            return True
+        # '10.0.0.1' must not admit the name 'x.10.0.0.1'.
+        below = subdomains and "." in pattern and parse_ip(pattern) is None
+        if below and host.endswith("." + pattern):
             return True
     return False
 
@@ -172,6 +231,13 @@ def parse_ip(text: str) -> Optional[IPAddress]:
         return ipaddress.ip_address(text)
     except ValueError:
         return None
+
+
+def unmapped(ip: IPAddress) -> IPAddress:
+    """``ip``, or the IPv4 address an IPv4-mapped IPv6 address (``::ffff:a.b.c.d``) reaches."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
 def address_category(ip: IPAddress) -> Optional[str]:
@@ -202,13 +268,18 @@ class Rules:
     """What the proxy admits: domains, address ranges, ports, and the name mapping.
 
     Args:
-        domains: exact host names or ``*.suffix`` patterns.
+        domains: host names, ``*.suffix`` patterns and IP address literals
+            (see :func:`check_pattern`).  A listed address is admitted as a
+            destination literal, whatever its range; a name that resolves
+            to it is not (the address check below still applies).
         cidrs: ranges admitted even though private or reserved; an address
-            literal as destination must be in one of them.
+            literal as destination must be listed or in one of them.
         ports: allowed destination ports.
         hosts: name -> address(es) that replace DNS for those names (tests,
             air-gapped setups).  A mapped address still goes through the
             address check.
+        subdomains: a listed name also admits the names below it (see
+            :func:`match_host`); ``False`` admits exactly the listed names.
 
     Raises:
         ValueError: an entry is invalid.
@@ -220,8 +291,24 @@ class Rules:
         cidrs: Sequence[str] = (),
         ports: Sequence[int] = (80, 443),
         hosts: Optional[Dict[str, Union[str, Sequence[str]]]] = None,
+        subdomains: bool = True,
     ) -> None:
-        self.domains = tuple(check_pattern(d) for d in domains)
+        if not isinstance(subdomains, bool):
+            raise ValueError("subdomains must be true or false, not %r" % (subdomains,))
+        self.subdomains = subdomains
+        names: List[str] = []
+        literals: List[IPAddress] = []
+        for entry in domains:
+            pattern = check_pattern(entry)
+            literal = parse_ip(pattern)
+            if literal is None:
+                names.append(pattern)
+            else:
+                literals.append(unmapped(literal))
+        # Names and '*.suffix' patterns; addresses apart (IPv4-mapped ones as
+        # the IPv4 address they reach), so that no name can match an address.
+        self.domains = tuple(names)
+        self.addresses: Tuple[IPAddress, ...] = tuple(literals)
         self.cidrs: Tuple[IPNetwork, ...] = tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
         checked_ports = []
         for port in ports:
@@ -241,9 +328,16 @@ class Rules:
             self.hosts[host] = tuple(a for a in addresses if a is not None)
 
     def in_cidrs(self, ip: IPAddress) -> bool:
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
+        ip = unmapped(ip)
         return any(ip.version == net.version and ip in net for net in self.cidrs)
+
+    def listed(self, ip: IPAddress) -> bool:
+        """Whether address literal ``ip`` is itself an allowlist entry."""
+        return unmapped(ip) in self.addresses
+
+    def admits_name(self, host: str) -> bool:
+        """Whether normalised host name ``host`` matches a name entry."""
+        return match_host(host, self.domains, self.subdomains)
 
     def refusal(self, ip: IPAddress) -> Optional[str]:
         """Why connecting to resolved address ``ip`` is refused, or None."""
@@ -259,6 +353,7 @@ class Rules:
             config.get("cidrs") or (),
             config.get("ports") or (80, 443),
             config.get("hosts") or None,
+            subdomains=config.get("subdomains", True),
         )
 
 
@@ -693,14 +788,19 @@ class Proxy:
         literal = parse_ip(host)
         if literal is not None:
             conn.address = str(literal)
-            if not self.rules.in_cidrs(literal):
-                raise RequestError("ip_not_allowed", "address %s is in no allowed cidr" % literal, 403)
+            # A listed address is the user's explicit choice of that one
+            # destination, so it skips the private-range check; a name
+            # resolving to it does not (below).
+            if not (self.rules.listed(literal) or self.rules.in_cidrs(literal)):
+                raise RequestError(
+                    "ip_not_allowed", "address %s is neither listed nor in an allowed cidr" % literal, 403
+                )
             return literal
         name = normalize_host(host)
         if name is None:
             raise RequestError("bad_host", "%r is not a host name" % host[:100], 400)
         conn.host = name
-        if not match_host(name, self.rules.domains):
+        if not self.rules.admits_name(name):
             raise RequestError("domain_not_allowed", "%s is not on the allowlist" % name, 403)
         mapped = self.rules.hosts.get(name)
         if mapped is not None:
@@ -776,7 +876,7 @@ class Proxy:
             self._deny(conn, "bad_client_hello", str(exc))
             return
         if sni is None:
-            # An address literal admitted by cidrs has no name to front;
+            # An admitted address literal has no name to front;
             # a named host must be named in the hello too.
             if parse_ip(host) is None:
                 self._deny(conn, "sni_missing", "ClientHello without server_name for %s" % conn.host)

@@ -310,6 +310,7 @@ class RemoteBackend(RuntimeBackend):
                 "mode": config.network.mode.value,
                 "domains": list(config.network.domains),
                 "ports": list(config.network.ports),
+                "subdomains": config.network.subdomains,
             },
         }
         made = self._call("POST", "/v1/sandboxes", json=body).json()

@@ -55,6 +55,7 @@ from .._version import __version__
 from ..agent.wire import WireError
 from ..aio import AsyncExecutionStream, AsyncPythonSession, AsyncSandbox
 from ..config import ExecutionResult, ResourceLimits, parse_size
+from ..egress.proxy import parse_ip
 from ..errors import (
     AgentNestError,
     ConfigurationError,
@@ -320,12 +321,26 @@ class Service:
             )
         if asked.mode == NetworkMode.ALLOWLIST.value:
             for domain in asked.domains:
-                if not ceiling.allows_domain(domain.lower().rstrip(".")):
+                name = domain.lower().rstrip(".")
+                if not ceiling.allows_domain(name):
                     raise PolicyDeniedError(
                         f"allowlist domain {domain!r} is beyond this token's ceiling "
                         f"(allowed patterns: {list(ceiling.domains)})"
                     )
-            return NetworkPolicy.allowlist(domains=tuple(asked.domains), ports=tuple(asked.ports))
+                # With subdomains a listed name also admits every name below it
+                # (NetworkPolicy.subdomains): the ceiling must admit those as it
+                # would admit the pattern '*.name'.  An address or a one-label
+                # name admits only itself.
+                below = "." in name and not name.startswith("*.") and parse_ip(name) is None
+                if asked.subdomains and below and not ceiling.allows_domain("*." + name):
+                    raise PolicyDeniedError(
+                        f"allowlist domain {domain!r} with the names below it is beyond this token's "
+                        f"ceiling (allowed patterns: {list(ceiling.domains)}); ask with subdomains=false "
+                        "for exactly that name"
+                    )
+            return NetworkPolicy.allowlist(
+                domains=tuple(asked.domains), ports=tuple(asked.ports), subdomains=asked.subdomains
+            )
         if asked.domains:
             raise ConfigurationError(f"domains only go with network mode 'allowlist', not {asked.mode!r}")
         return NetworkPolicy.open() if asked.mode == NetworkMode.OPEN.value else NetworkPolicy.denied()

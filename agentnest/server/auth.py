@@ -95,13 +95,16 @@ class Ceiling:
             if not all(isinstance(v, str) and v.strip() for v in value):
                 raise ConfigurationError(f"ceiling {name} must hold non-empty strings")
             object.__setattr__(self, name, tuple(value))
+        modes = []
         for mode in self.network:
             try:
-                NetworkMode(mode)
+                # Stored as ours' value: 0.3.0's 'deny'/'allow' name the same modes.
+                modes.append(NetworkMode(mode).value)
             except ValueError:
                 raise ConfigurationError(
                     f"ceiling network mode {mode!r} is unknown; use denied, allowlist or open"
                 ) from None
+        object.__setattr__(self, "network", tuple(modes))
         count = self.max_sandboxes
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 10_000:
             raise ConfigurationError(f"max_sandboxes={count!r} must be an integer from 0 to 10000")

@@ -134,6 +134,11 @@ class NetworkIn(_Request):
     mode: Literal["denied", "allowlist", "open"] = "denied"
     domains: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(default=[], max_length=256)
     ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default=[80, 443], max_length=64)
+    subdomains: bool = Field(
+        default=True,
+        description="a listed name also admits the names below it (NetworkPolicy.subdomains); "
+        "false admits exactly the names listed",
+    )
 
 
 class PolicyIn(_Request):

@@ -36,7 +36,7 @@ from agentnest.runtime.docker.backend import DockerBackend, DockerSpec
 from agentnest.runtime.docker.prune import prune
 from agentnest.sandbox import default_image
 
-NAMES = ("files.allowed.test", "www.allowed.test", "refused.test", "private.allowed.test")
+NAMES = ("files.allowed.test", "www.allowed.test", "refused.test", "private.allowed.test", "allowed.test")
 SPEC_RUNTIME = {"docker": "runc", "gvisor": "runsc"}
 
 SERVER = r"""
@@ -255,7 +255,8 @@ def stats(server: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_backend(backend_name: str, server: dict[str, Any]) -> DockerBackend:
-    hosts = {name: server["ip"] for name in ("files.allowed.test", "www.allowed.test", "refused.test")}
+    names = ("files.allowed.test", "www.allowed.test", "refused.test", "allowed.test")
+    hosts = {name: server["ip"] for name in names}
     hosts["private.allowed.test"] = server["gateway"]  # the host's bridge address: private
     hosts["metadata.allowed.test"] = "169.254.169.254"
     spec = DockerSpec(oci_runtime=SPEC_RUNTIME[backend_name], egress_hosts=hosts)
@@ -401,6 +402,112 @@ def test_pip_install_from_an_allowed_local_index(sandbox: Sandbox) -> None:
     assert check.check().stdout == "42\n"
     hosts = {(e["host"], e["type"]) for e in events(sandbox)}
     assert ("files.allowed.test", "egress.allowed") in hosts
+
+
+# -- how names and addresses match (0.3.0's rules) ----------------------------------------
+
+#: Runs in the sandbox: HTTPS to an address through the proxy (no SNI, so no name to verify).
+TLS_TO_ADDRESS = r"""
+import ssl, sys, urllib.request
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+with urllib.request.urlopen(sys.argv[1], context=ctx, timeout=10) as r:
+    print(r.status, r.read().decode())
+"""
+
+
+def start(sb: Sandbox, certs: Path) -> None:
+    sb.write_file("ca.pem", (certs / "cert.pem").read_bytes())
+    sb.write_file("fetch.py", FETCH)
+
+
+def test_a_listed_name_admits_its_subdomains(
+    backend: DockerBackend, server: dict[str, Any], certs: Path
+) -> None:
+    """0.3.0's rule and the default: ``allowed.test`` admits ``files.allowed.test``."""
+    network = NetworkPolicy.allowlist(
+        domains=["allowed.test"], cidrs=[f"{server['ip']}/32"], ports=[8080, 8443]
+    )
+    with Sandbox(backend=backend, security_policy=SecurityPolicy(network=network), timeout=120) as sb:
+        start(sb, certs)
+        out = fetch(
+            sb,
+            [
+                "http://files.allowed.test:8080/sub",
+                "https://www.allowed.test:8443/",
+                "http://refused.test:8080/",
+            ],
+        )
+        assert out == [
+            [200, "hello files.allowed.test:8080"],
+            [200, "hello www.allowed.test:8443"],
+            [403, "denied; reason=domain_not_allowed"],
+        ]
+
+
+def test_strict_matching_and_a_listed_address(
+    backend: DockerBackend, server: dict[str, Any], certs: Path
+) -> None:
+    """``subdomains=False`` admits exactly the names listed; a listed IP address is reached
+    without ``cidrs``, while names resolving to it and other private addresses are not."""
+    ip = server["ip"]
+    network = NetworkPolicy.allowlist(domains=["allowed.test", ip], ports=[8080, 8443], subdomains=False)
+    before = len(stats(server)["requests"])
+    with Sandbox(backend=backend, security_policy=SecurityPolicy(network=network), timeout=120) as sb:
+        start(sb, certs)
+        out = fetch(
+            sb,
+            [
+                f"http://{ip}:8080/by-address",
+                "http://files.allowed.test:8080/",  # below a listed name: not in strict mode
+                "https://www.allowed.test:8443/",  # the same through CONNECT
+                "http://allowed.test:8080/",  # listed, but resolves to a private address; no cidrs
+                # Not listed (and not the sandbox's own 127.0.0.1, which bypasses the proxy).
+                "http://127.0.0.2:8080/",
+            ],
+        )
+        assert out[0] == [200, f"hello {ip}:8080"]
+        assert out[1] == [403, "denied; reason=domain_not_allowed"]
+        assert out[2][0] is None and "403" in out[2][1]
+        assert out[3] == [403, "denied; reason=address_refused"]
+        assert out[4] == [403, "denied; reason=ip_not_allowed"]
+        tls = sb.exec(["python3", "-c", TLS_TO_ADDRESS, f"https://{ip}:8443/tls-by-address"], timeout=60)
+        assert tls.check().stdout == f"200 hello {ip}:8443\n"
+        logged = wait_events(sb, 6)
+        assert [(e["reason"], e["address"]) for e in logged] == [
+            ("allowed", ip),
+            ("domain_not_allowed", ""),
+            ("domain_not_allowed", ""),
+            ("address_refused", ip),
+            ("ip_not_allowed", "127.0.0.2"),
+            ("allowed", ip),
+        ]
+    assert [r[1] for r in stats(server)["requests"][before:]] == ["/by-address", "/tls-by-address"]
+
+
+#: Runs in the sandbox: a service on its own loopback, fetched with the proxy variables set.
+LOOPBACK_SERVICE = r"""
+import http.server, threading, urllib.request
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 0), H)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+for host in ("127.0.0.1", "localhost"):
+    with urllib.request.urlopen("http://%s:%d/" % (host, server.server_port), timeout=10) as r:
+        print(host, r.read().decode())
+"""
+
+
+def test_the_sandbox_reaches_its_own_loopback_without_the_proxy(sandbox: Sandbox) -> None:
+    """``NO_PROXY`` names the sandbox's loopback (as 0.3.0 did): through the proxy it would be refused."""
+    assert sandbox.exec_python(LOOPBACK_SERVICE).check().stdout == "127.0.0.1 ok\nlocalhost ok\n"
 
 
 # -- what is refused -----------------------------------------------------------------

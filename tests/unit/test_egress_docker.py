@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from agentnest.errors import ConfigurationError
+from agentnest.policy import NetworkPolicy
 from agentnest.runtime.base import Capability
 from agentnest.runtime.docker import labels
 from agentnest.runtime.docker.backend import DockerBackend, DockerSpec
-from agentnest.runtime.docker.egress import EgressLog, proxy_command, read_events
+from agentnest.runtime.docker.egress import (
+    DEFAULT_SUBNETS,
+    EgressLog,
+    EgressTopology,
+    proxy_command,
+    read_events,
+)
 from agentnest.runtime.docker.prune import EXPIRED, SANDBOX_GONE, SANDBOX_GONE_GRACE, prune
 
 GOOD: dict[str, Any] = {
@@ -139,6 +148,62 @@ def test_proxy_command_runs_the_shipped_source(tmp_path: Any) -> None:
         assert proc.wait(timeout=10) == 0  # stopped itself at its deadline
         reader.join(5)
         assert log.closed.is_set()
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.mark.parametrize("subdomains", [True, False])
+def test_the_shipped_proxy_matches_as_the_policy_says(subdomains: bool) -> None:
+    """Policy -> proxy_config() -> the container's argv -> the running proxy's decisions.
+
+    Everything stays on loopback: ``files.pypi.test`` is mapped to 127.0.0.1
+    (refused there, as private, after the name check), and nothing is
+    connected to, because no ClientHello is sent through the admitted tunnel.
+    """
+    policy = NetworkPolicy.allowlist(["pypi.test", "127.0.0.1"], subdomains=subdomains)
+    topology = EgressTopology(
+        cast(Any, None),
+        sandbox_id="sb1",
+        backend="docker",
+        created=time.time(),
+        deadline=time.time() + 30,
+        policy=policy,
+        hosts={"files.pypi.test": "127.0.0.1"},
+        image="unused",
+        python=sys.executable,
+        oci_runtime="runc",
+        egress_network="bridge",
+        subnets=DEFAULT_SUBNETS,
+        arch="x86_64",
+        extra_labels={},
+    )
+    topology.subnet = ipaddress.IPv4Network("198.18.0.8/29")
+    config = topology.proxy_config()
+    assert config["subdomains"] is subdomains
+    assert config["domains"] == ["pypi.test", "127.0.0.1"]
+    config.update(listen=["127.0.0.1", 0], clients=[], deadline=time.time() + 20)
+    proc = subprocess.Popen(proxy_command(sys.executable, config), stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        log = EgressLog("sb1")
+        reader = threading.Thread(target=read_events, args=(_Pipe(proc.stdout), log))
+        reader.start()
+        assert log.ready.wait(10) and log.listen is not None
+
+        def ask(target: str) -> bytes:
+            assert log.listen is not None
+            with socket.create_connection(log.listen, timeout=10) as s:
+                s.sendall(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+                return s.recv(4096)
+
+        name = ask("files.pypi.test:443")
+        expected = "address_refused" if subdomains else "domain_not_allowed"
+        assert f"reason={expected}".encode() in name, name
+        assert ask("127.0.0.1:443").startswith(b"HTTP/1.1 200")  # the listed literal
+        assert b"reason=ip_not_allowed" in ask("127.0.0.2:443")
     finally:
         proc.kill()
         proc.wait()

@@ -87,8 +87,10 @@ class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 512
 
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+    def __init__(self, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1") -> None:
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        super().__init__((host, 0), Handler)
         self.tls = tls
         self.requests: list[tuple[str, str, str | None]] = []
         self.accepted = 0
@@ -213,6 +215,7 @@ def make_proxy(servers: Servers) -> Iterator[Callable[..., ProxyThread]]:
         cidrs: list[str] | None = None,
         ports: tuple[int, ...] | None = None,
         hosts: dict[str, Any] | None = None,
+        subdomains: bool = True,
         **limits: Any,
     ) -> ProxyThread:
         mapping: dict[str, Any] = dict.fromkeys(NAMES[:4], "127.0.0.1")
@@ -223,6 +226,7 @@ def make_proxy(servers: Servers) -> Iterator[Callable[..., ProxyThread]]:
             LOOPBACK if cidrs is None else cidrs,
             ports or (plain.port, tls.port),
             mapping,
+            subdomains=subdomains,
         )
         p = ProxyThread(rules, Limits(**limits))
         made.append(p)
@@ -376,6 +380,112 @@ def test_wildcard_does_not_admit_the_bare_suffix(make_proxy: Make, servers: Serv
     assert fetch(p, f"http://api.allowed.test:{plain.port}/").startswith(b"hello")
     with pytest.raises(urllib.error.HTTPError, match="403"):
         fetch(p, f"http://allowed.test:{plain.port}/")
+
+
+def test_a_listed_name_admits_its_subdomains(
+    make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext
+) -> None:
+    """0.3.0's rule, our default: ``allowed.test`` admits ``api.allowed.test``."""
+    plain, tls = servers
+    p = make_proxy(domains=("allowed.test",))
+    assert (
+        fetch(p, f"http://api.allowed.test:{plain.port}/sub")
+        == f"hello api.allowed.test:{plain.port} /sub".encode()
+    )
+    assert fetch(p, f"https://api.allowed.test:{tls.port}/", client_ctx).startswith(b"hello api.allowed.test")
+    assert fetch(p, f"http://allowed.test:{plain.port}/").startswith(b"hello allowed.test")
+    # A name that merely ends in the same letters is another domain.
+    assert raw(p, f"CONNECT xallowed.test:{tls.port} HTTP/1.1\r\n\r\n".encode()).startswith(b"HTTP/1.1 403")
+    events = p.wait_events(4)
+    assert [(e["host"], e["reason"]) for e in events] == [
+        ("api.allowed.test", "allowed"),
+        ("api.allowed.test", "allowed"),
+        ("allowed.test", "allowed"),
+        ("xallowed.test", "domain_not_allowed"),
+    ]
+
+
+def test_strict_matching_admits_only_the_listed_names(
+    make_proxy: Make, servers: Servers, client_ctx: ssl.SSLContext
+) -> None:
+    """``subdomains=False``: ``allowed.test`` is exactly that name."""
+    plain, tls = servers
+    p = make_proxy(domains=("allowed.test",), subdomains=False)
+    assert fetch(p, f"http://allowed.test:{plain.port}/").startswith(b"hello allowed.test")
+    before = len(plain.requests), tls.accepted
+    with pytest.raises(urllib.error.HTTPError) as info:
+        fetch(p, f"http://api.allowed.test:{plain.port}/")
+    assert info.value.headers["X-AgentNest-Egress"] == "denied; reason=domain_not_allowed"
+    info.value.close()
+    with pytest.raises(urllib.error.URLError, match="403"):
+        fetch(p, f"https://api.allowed.test:{tls.port}/", client_ctx)
+    assert [e["reason"] for e in p.wait_events(3)] == ["allowed", "domain_not_allowed", "domain_not_allowed"]
+    assert (len(plain.requests), tls.accepted) == before  # nothing reached a server
+    # A '*.suffix' entry still names what is below it.
+    q = make_proxy(domains=("*.allowed.test",), subdomains=False)
+    assert fetch(q, f"http://api.allowed.test:{plain.port}/").startswith(b"hello api.allowed.test")
+
+
+def test_a_listed_ip_literal_admits_exactly_that_address(make_proxy: Make, servers: Servers) -> None:
+    """``127.0.0.1`` among the domains: that address is reachable, other private ones are not."""
+    plain, tls = servers
+    p = make_proxy(domains=("127.0.0.1",), cidrs=[])
+    assert fetch(p, f"http://127.0.0.1:{plain.port}/lit") == f"hello 127.0.0.1:{plain.port} /lit".encode()
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with tunnel(p, f"127.0.0.1:{tls.port}") as s, ctx.wrap_socket(s) as t:  # TLS to an address: no SNI
+        t.sendall(b"GET /tls HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert t.recv(100).startswith(b"HTTP/1.")
+    before = len(plain.requests)
+    for target in ("127.0.0.2", "10.255.0.1"):
+        reply = raw(p, f"CONNECT {target}:{plain.port} HTTP/1.1\r\n\r\n".encode())
+        assert reply.startswith(b"HTTP/1.1 403"), reply
+    reply = raw(
+        p, f"GET http://127.0.0.2:{plain.port}/ HTTP/1.1\r\nHost: 127.0.0.2:{plain.port}\r\n\r\n".encode()
+    )
+    assert reply.startswith(b"HTTP/1.1 403")
+    events = p.wait_events(5)
+    assert [(e["type"], e["address"]) for e in events[:2]] == [("egress.allowed", "127.0.0.1")] * 2
+    assert [e["reason"] for e in events[2:]] == ["ip_not_allowed"] * 3
+    assert len(plain.requests) == before
+
+
+def test_a_name_resolving_to_a_listed_address_is_still_checked(make_proxy: Make, servers: Servers) -> None:
+    """Listing an address admits it as a literal, not as the answer for a name: that needs cidrs."""
+    plain, tls = servers
+    p = make_proxy(domains=("127.0.0.1", "allowed.test"), cidrs=[])
+    with pytest.raises(urllib.error.HTTPError, match="403"):
+        fetch(p, f"http://allowed.test:{plain.port}/")
+    assert raw(p, f"CONNECT allowed.test:{tls.port} HTTP/1.1\r\n\r\n".encode()).startswith(b"HTTP/1.1 403")
+    events = p.wait_events(2)
+    assert [(e["reason"], e["address"]) for e in events] == [("address_refused", "127.0.0.1")] * 2
+
+
+@pytest.fixture
+def server6() -> Iterator[Server]:
+    try:
+        server = Server(host="::1")
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback on this machine: {exc}")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("entry", ["::1", "[::1]", "0:0::1"])
+def test_a_listed_ipv6_literal(make_proxy: Make, server6: Server, entry: str) -> None:
+    p = make_proxy(domains=(entry,), cidrs=[], ports=(server6.port,))
+    assert fetch(p, f"http://[::1]:{server6.port}/six") == f"hello [::1]:{server6.port} /six".encode()
+    for target in ("[::2]", "[::ffff:127.0.0.1]", "127.0.0.1"):
+        reply = raw(p, f"CONNECT {target}:{server6.port} HTTP/1.1\r\n\r\n".encode())
+        assert reply.startswith(b"HTTP/1.1 403"), (target, reply)
+    events = p.wait_events(4)
+    assert (events[0]["type"], events[0]["address"]) == ("egress.allowed", "::1")
+    assert [e["reason"] for e in events[1:]] == ["ip_not_allowed"] * 3
+    assert len(server6.requests) == 1
 
 
 def test_refused_port(make_proxy: Make, servers: Servers) -> None:
@@ -725,7 +835,14 @@ def test_closing_the_proxy_ends_open_connections_with_events(
 # -- pure parts ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pattern", ["*", "*.com", "", "*.", "exa mple.com", "a..b", "-a.com", "*.*.com", 3])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        *("*", "*.com", "", "*.", "exa mple.com", "a..b", "-a.com", "*.*.com", 3),
+        *("0.0.0.0", "::", "224.0.0.1", "10.1.2", "2130706433", "[10.0.0.1]", "fe80::1%eth0", "10.0.0.0/8"),
+    ],
+    ids=repr,
+)
 def test_bad_patterns_are_refused(pattern: Any) -> None:
     with pytest.raises(ValueError):
         px.check_pattern(pattern)
@@ -734,15 +851,76 @@ def test_bad_patterns_are_refused(pattern: Any) -> None:
 def test_patterns_match_like_the_policy() -> None:
     from agentnest.policy import NetworkPolicy
 
-    for pattern in ("Example.COM.", "*.files.example", "a-b.c"):
+    for pattern in ("Example.COM.", "*.files.example", "a-b.c", "10.20.30.40.", "[::1]", "2001:DB8::1"):
         assert px.check_pattern(pattern) == NetworkPolicy.allowlist([pattern]).domains[0]
+    for bad in ("*.com", "0.0.0.0", "10.1.2"):
+        with pytest.raises(ValueError) as proxy_error:
+            px.check_pattern(bad)
+        with pytest.raises(ValueError) as policy_error:
+            NetworkPolicy.allowlist([bad])
+        assert str(proxy_error.value) == str(policy_error.value)
     patterns = ["example.com", "*.files.example"]
     assert px.match_host("example.com", patterns)
     assert px.match_host("a.b.files.example", patterns)
     assert not px.match_host("files.example", patterns)
     assert not px.match_host("evilfiles.example", patterns)
     assert not px.match_host("example.com.evil", patterns)
-    assert not px.match_host("sub.example.com", patterns)
+    assert px.match_host("sub.example.com", patterns)  # the default, as in 0.3.0
+    assert not px.match_host("sub.example.com", patterns, subdomains=False)
+    assert px.match_host("a.b.files.example", patterns, subdomains=False)
+
+
+ENTRIES = ["pypi.org", "*.files.example", "localhost", "10.0.0.1", "::1"]
+
+
+@pytest.mark.parametrize(
+    ("host", "with_subdomains", "strict"),
+    [
+        ("pypi.org", True, True),
+        ("PyPI.ORG", True, True),
+        ("pypi.org.", True, True),
+        ("files.pypi.org", True, False),
+        ("A.B.PyPI.org.", True, False),
+        ("notpypi.org", False, False),
+        ("pypi-org.com", False, False),
+        ("pypi.org.evil.com", False, False),
+        ("org", False, False),
+        ("x.files.example", True, True),
+        ("a.b.files.example", True, True),
+        ("files.example", False, False),
+        ("localhost", True, True),
+        ("a.localhost", False, False),  # one label: never a whole top-level domain
+        ("10.0.0.1", False, False),  # an address is no name (see listed())
+        ("x.10.0.0.1", False, False),
+    ],
+)
+def test_name_matching(host: str, with_subdomains: bool, strict: bool) -> None:
+    name = px.normalize_host(host)
+    assert name is not None
+    assert Rules(ENTRIES).admits_name(name) is with_subdomains
+    assert Rules(ENTRIES, subdomains=False).admits_name(name) is strict
+
+
+def test_rules_keep_listed_addresses_apart() -> None:
+    rules = Rules(["pypi.org", "10.20.30.40", "[::1]", "::ffff:10.0.0.9"], cidrs=["192.0.2.0/24"])
+    assert rules.domains == ("pypi.org",)
+    ip = ipaddress.ip_address
+    for listed in ("10.20.30.40", "::ffff:10.20.30.40", "::1", "10.0.0.9", "::ffff:a00:9"):
+        assert rules.listed(ip(listed)), listed
+    for other in ("10.20.30.41", "::2", "127.0.0.1", "192.0.2.1"):
+        assert not rules.listed(ip(other)), other
+    # Listing is not a cidr: a name resolving to the address is still refused.
+    assert rules.refusal(ip("10.20.30.40")) == "10.20.30.40 is private"
+    assert rules.refusal(ip("192.0.2.1")) is None
+
+
+def test_rules_from_config_carry_the_matching() -> None:
+    assert Rules.from_config({"domains": ["a.example"]}).subdomains is True
+    strict = Rules.from_config({"domains": ["a.example"], "subdomains": False})
+    assert strict.subdomains is False
+    assert not strict.admits_name("b.a.example")
+    with pytest.raises(ValueError, match="subdomains"):
+        Rules.from_config({"domains": ["a.example"], "subdomains": "false"})
 
 
 def test_rules_validate_their_input() -> None:

@@ -28,15 +28,78 @@ def test_open() -> None:
     assert NetworkPolicy.open().mode is NetworkMode.OPEN
 
 
-@pytest.mark.parametrize("mode", ["open", "denied", "allowlist"])
+@pytest.mark.parametrize("mode", ["open", "denied"])
 def test_mode_from_string(mode: str) -> None:
-    policy = NetworkPolicy(mode, domains=("example.com",))  # type: ignore[arg-type]
-    assert policy.mode is NetworkMode(mode)
+    assert NetworkPolicy(mode).mode is NetworkMode(mode)  # type: ignore[arg-type]
+    assert NetworkPolicy("allowlist", domains=("example.com",)).mode is NetworkMode.ALLOWLIST  # type: ignore[arg-type]
 
 
 def test_unknown_mode() -> None:
     with pytest.raises(ConfigurationError, match="unknown"):
         NetworkPolicy("bridge")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        NetworkMode("DENY")
+
+
+def test_0_3_0_mode_names_and_values() -> None:
+    # 0.3.0 had DENY="deny", ALLOW="allow": the same members under both names and values.
+    # mypy does not model enum aliases: it takes DENY for a member of its own.
+    assert NetworkMode.DENY is NetworkMode.DENIED  # type: ignore[comparison-overlap]
+    assert NetworkMode.ALLOW is NetworkMode.OPEN  # type: ignore[comparison-overlap]
+    assert NetworkMode.DENY.value == "denied"
+    assert NetworkMode("deny") is NetworkMode.DENIED
+    assert NetworkMode("allow") is NetworkMode.OPEN
+    assert NetworkMode["DENY"] is NetworkMode.DENIED
+    assert list(NetworkMode) == [NetworkMode.DENIED, NetworkMode.ALLOWLIST, NetworkMode.OPEN]
+    assert NetworkPolicy("deny").mode is NetworkMode.DENIED  # type: ignore[arg-type]
+    assert NetworkPolicy(mode="allow") == NetworkPolicy.open()  # type: ignore[arg-type]
+    assert NetworkPolicy(NetworkMode.DENY) == NetworkPolicy.denied()
+
+
+def test_0_3_0_positional_and_keyword_calls() -> None:
+    positional = NetworkPolicy(NetworkMode.ALLOWLIST, ("pypi.org",), ("10.0.0.0/8",))
+    keyword = NetworkPolicy.allowlist(domains=("pypi.org",), cidrs=("10.0.0.0/8",))
+    assert positional == keyword
+    assert (keyword.domains, keyword.cidrs, keyword.subdomains) == (("pypi.org",), ("10.0.0.0/8",), True)
+
+
+def test_allowed_is_0_3_0_name_of_open() -> None:
+    with pytest.deprecated_call(match=r"open\(\)"):
+        policy = NetworkPolicy.allowed()
+    assert policy == NetworkPolicy.open()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"mode": NetworkMode.DENIED, "domains": ("example.com",)},
+        {"mode": NetworkMode.DENY, "cidrs": ("10.0.0.0/8",)},
+        {"mode": NetworkMode.OPEN, "domains": ("example.com",)},
+        {"mode": NetworkMode.OPEN, "subdomains": False},
+    ],
+    ids=repr,
+)
+def test_lists_only_go_with_an_allowlist(changes: dict[str, Any]) -> None:
+    # 0.3.0 raised ValueError here too: a list on an unfiltered network would filter nothing.
+    with pytest.raises(ValueError, match="only go with network mode 'allowlist'"):
+        NetworkPolicy(**changes)
+
+
+def test_subdomains_is_the_default_and_strict_is_opt_in() -> None:
+    assert NetworkPolicy.allowlist(["pypi.org"]).subdomains is True
+    assert NetworkPolicy().subdomains is True
+    strict = NetworkPolicy.allowlist(["pypi.org"], subdomains=False)
+    assert strict.subdomains is False
+    assert strict != NetworkPolicy.allowlist(["pypi.org"])
+    assert dataclasses.replace(strict, subdomains=True) == NetworkPolicy.allowlist(["pypi.org"])
+    with pytest.raises(TypeError):
+        NetworkPolicy.allowlist(["pypi.org"], (), (443,), False)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("value", [0, 1, "false", None], ids=repr)
+def test_subdomains_must_be_a_bool(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="subdomains"):
+        NetworkPolicy.allowlist(["pypi.org"], subdomains=value)
 
 
 @pytest.mark.parametrize(
@@ -50,6 +113,16 @@ def test_unknown_mode() -> None:
         ("*.s3.amazonaws.com", "*.s3.amazonaws.com"),
         ("localhost", "localhost"),
         ("xn--bcher-kva.example", "xn--bcher-kva.example"),
+        ("123.example", "123.example"),
+        # IP literals: kept in canonical form.
+        ("10.20.30.40", "10.20.30.40"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("169.254.169.254", "169.254.169.254"),
+        ("10.20.30.40.", "10.20.30.40"),
+        ("::1", "::1"),
+        ("[::1]", "::1"),
+        ("2001:DB8:0:0::1", "2001:db8::1"),
+        ("::ffff:10.0.0.1", "::ffff:a00:1"),
     ],
 )
 def test_allowlist_domain_accepted(pattern: str, normalised: str) -> None:
@@ -81,6 +154,20 @@ def test_allowlist_domain_accepted(pattern: str, normalised: str) -> None:
         "example.com:443",
         5,
         None,
+        # Addresses that name no server, and names that only look like addresses.
+        "0.0.0.0",
+        "::",
+        "::ffff:0.0.0.0",
+        "224.0.0.1",
+        "ff02::1",
+        "10.1.2",
+        "2130706433",
+        "010.0.0.1",
+        "*.10.0.0",
+        "fe80::1%eth0",
+        "[10.0.0.1]",
+        "10.0.0.0/8",
+        "1.2.3.4:80",
     ],
     ids=repr,
 )
@@ -92,6 +179,11 @@ def test_allowlist_domain_refused(pattern: Any) -> None:
 def test_too_broad_wildcard_message() -> None:
     with pytest.raises(ConfigurationError, match="too broad"):
         NetworkPolicy.allowlist(["*.com"])
+
+
+def test_a_name_that_looks_like_an_address_says_so() -> None:
+    with pytest.raises(ConfigurationError, match="four decimal numbers"):
+        NetworkPolicy.allowlist(["10.1.2"])
 
 
 def test_allowlist_refuses_a_bare_string() -> None:
@@ -139,6 +231,8 @@ def test_network_policy_is_frozen_with_tuples() -> None:
     assert isinstance(policy.ports, tuple)
     with pytest.raises(dataclasses.FrozenInstanceError):
         policy.mode = NetworkMode.OPEN  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.subdomains = False  # type: ignore[misc]
     with pytest.raises(ConfigurationError):
         dataclasses.replace(policy, domains=("*.com",))
 

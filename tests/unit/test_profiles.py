@@ -194,6 +194,22 @@ def test_network_short_forms(tmp_path: Path) -> None:
     assert profiles.get("c").sandbox_kwargs() == {"security_policy": SecurityPolicy()}
 
 
+def test_network_0_3_0_mode_names_and_strict_matching(tmp_path: Path) -> None:
+    text = (
+        "profiles:\n  a: {network: deny}\n  b: {network: allow}\n  c:\n    network:\n      allowlist:\n"
+        "        domains: [pypi.org, 10.20.30.40]\n        subdomains: false\n"
+    )
+    profiles = load_profiles(write(tmp_path, text))
+    assert profiles.get("a").security_policy.network == NetworkPolicy.denied()
+    assert profiles.get("b").security_policy.network == NetworkPolicy.open()
+    strict = NetworkPolicy.allowlist(["pypi.org", "10.20.30.40"], subdomains=False)
+    assert profiles.get("c").security_policy.network == strict
+    bad = text.replace("subdomains: false", "subdomains: 'no'")
+    where = r":8: profiles.c.network.allowlist.subdomains: must be true or false"
+    with pytest.raises(ProfileError, match=where):
+        load_profiles(write(tmp_path, bad))
+
+
 def test_merge_keys_may_be_overridden(tmp_path: Path) -> None:
     path = write(tmp_path, "profiles:\n  a:\n    <<: {memory: 1g, pids: 64}\n    memory: 2g\n")
     assert load_profiles(path).get("a").memory == 2 * 1024**3
@@ -324,7 +340,7 @@ def test_malformed_yaml_reports_its_line(tmp_path: Path) -> None:
             "unknown key",
         ),
         ("    max_output_bytes: 10\n", 2, "profiles.a", "max_output_bytes=10 is out of range"),
-        ("    memory: 64m\n    workspace_size: 64m\n", 2, "profiles.a", "must leave at least 32m"),
+        ("    memory: 64m\n    workspace_size: 64m\n", 2, "profiles.a", "must leave at least 16m"),
         ("    timeout: 0\n", 2, "profiles.a.timeout", "out of range"),
         ("    extends: 3\n", 3, "profiles.a.extends", "must be a non-empty string"),
     ],

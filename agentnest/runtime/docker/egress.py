@@ -68,6 +68,8 @@ _PREFIX = 29
 READY_TIMEOUT = 30.0
 #: Events kept per sandbox for :meth:`EgressLog.log` (the oldest are dropped).
 LOG_SIZE = 1000
+#: ``NO_PROXY`` in the sandbox: its own loopback only.
+LOOPBACK_NO_PROXY = "localhost,127.0.0.1,::1"
 #: Longest event line read from the proxy; a longer one is dropped.
 _MAX_LINE = 16 * 1024
 
@@ -361,8 +363,10 @@ class EgressTopology:
         """Variables that send HTTP(S) clients to the proxy (both spellings)."""
         url = self.proxy_url
         env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
-        # Nothing bypasses the proxy; and there is no other route anyway.
-        env.update({"NO_PROXY": "", "no_proxy": ""})
+        # Only the sandbox's own loopback bypasses the proxy (as in 0.3.0): a
+        # service the code started inside the sandbox stays reachable, and the
+        # proxy would refuse loopback anyway.  Nothing else has a route out.
+        env.update(dict.fromkeys(("NO_PROXY", "no_proxy"), LOOPBACK_NO_PROXY))
         return env
 
     # -- network ---------------------------------------------------------------------
@@ -432,6 +436,8 @@ class EgressTopology:
             "domains": list(self.policy.domains),
             "cidrs": list(self.policy.cidrs),
             "ports": list(self.policy.ports),
+            # Always sent: the proxy's own default must never decide the matching.
+            "subdomains": self.policy.subdomains,
             "hosts": self.hosts,
             "deadline": self.deadline,
             # Sandbox.extend() moves it: the same root-owned file as in the sandbox.
