@@ -54,13 +54,14 @@ from collections.abc import (
 )
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast, overload
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
+from ._aliases import either, renamed
 from .approvals import ApprovalHook
 from .channel.client import ExecHandle
 from .channel.protocol import RawExit
@@ -296,8 +297,8 @@ class AsyncSandbox:
         cpus: float = 1.0,
         pids: int = 256,
         gpus: int = 0,
-        workspace_size: int | str = "256m",
-        scratch_size: int | str = "64m",
+        workspace_size: int | str | None = None,
+        scratch_size: int | str | None = None,
         backend: str | RuntimeBackend = "docker",
         read_only_root: bool = True,
         security_policy: SecurityPolicy | None = None,
@@ -305,6 +306,7 @@ class AsyncSandbox:
         approval_hook: ApprovalHook | None = None,
         verify: bool = False,
         profile: str | Profile | None = None,
+        runtime: str | None = None,
     ) -> _Creation:
         """Provision a sandbox; the twin of ``Sandbox(...)`` (see there for the arguments).
 
@@ -328,6 +330,7 @@ class AsyncSandbox:
             "security_policy": security_policy,
             "verify": verify,
         }
+        image = renamed(image, runtime, "image", "runtime", default=None, where="AsyncSandbox.create()")
 
         async def make() -> AsyncSandbox:
             hooks = _LoopBridge().wrap_hooks(
@@ -399,17 +402,11 @@ class AsyncSandbox:
             raise
 
     def _run(
-        self,
-        handoff: _Handoff[ExecHandle],
-        argv: Sequence[str],
-        timeout: float | None,
-        env: Mapping[str, str | Secret] | None,
-        cwd: str | None,
-        input: str | bytes | None,
+        self, handoff: _Handoff[ExecHandle], start: Callable[[], ExecHandle], timeout: float | None
     ) -> ExecutionResult:
         """:meth:`Sandbox.exec`, line for line, but cancellable through ``handoff``."""
         sandbox = self._sandbox
-        handle = sandbox._start(argv, timeout, env, cwd, input)
+        handle = start()
         if not handoff.give(handle):
             _kill(handle)
             raise _Abandoned
@@ -426,24 +423,34 @@ class AsyncSandbox:
         except BaseException:
             _kill(handle)
             raise
-        assert handle.result is not None
-        return sandbox._result(handle.result, b"".join(out), b"".join(err), handle.truncated, timeout)
+        return sandbox._result(handle, b"".join(out), b"".join(err), timeout)
 
     # -- commands --------------------------------------------------------------
 
     async def exec(
         self,
-        argv: Sequence[str],
+        command: Sequence[str],
         *,
         timeout: float | None = None,
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
         input: str | bytes | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
+        display_command: str | None = None,
     ) -> ExecutionResult:
         """See :meth:`Sandbox.exec`.  Cancelling the await kills the command's process tree."""
         handoff: _Handoff[ExecHandle] = _Handoff()
-        run = functools.partial(self._run, handoff, argv, timeout, env, cwd, input)
-        return await self._command(run, handoff)
+        start = functools.partial(
+            self._sandbox._start,
+            command,
+            timeout,
+            either(env, environment, "env", "environment"),
+            either(cwd, workdir, "cwd", "workdir"),
+            input,
+            display_command=display_command,
+        )
+        return await self._command(functools.partial(self._run, handoff, start, timeout), handoff)
 
     async def exec_shell(
         self,
@@ -453,10 +460,17 @@ class AsyncSandbox:
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
         input: str | bytes | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
     ) -> ExecutionResult:
         """See :meth:`Sandbox.exec_shell`."""
         return await self.exec(
-            ["/bin/sh", "-c", _text(script, "script")], timeout=timeout, env=env, cwd=cwd, input=input
+            ["/bin/sh", "-c", _text(script, "script")],
+            timeout=timeout,
+            env=either(env, environment, "env", "environment"),
+            cwd=either(cwd, workdir, "cwd", "workdir"),
+            input=input,
+            display_command=script,
         )
 
     async def exec_python(
@@ -467,18 +481,34 @@ class AsyncSandbox:
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
         input: str | bytes | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
     ) -> ExecutionResult:
         """See :meth:`Sandbox.exec_python`."""
         code = _text(code, "code")
+        env = either(env, environment, "env", "environment")
+        cwd = either(cwd, workdir, "cwd", "workdir")
         if len(code.encode("utf-8", "surrogateescape")) > _MAX_INLINE_CODE:
             if input is not None:
                 raise ConfigurationError(
                     "code longer than 100 KiB is sent on stdin, so input= cannot be used with it; "
                     "write the code to a file with write_file and run it instead"
                 )
-            return await self.exec(["python3", "-"], timeout=timeout, env=env, cwd=cwd, input=code)
+            return await self.exec(
+                ["python3", "-"],
+                timeout=timeout,
+                env=env,
+                cwd=cwd,
+                input=code,
+                display_command="python -c <code>",
+            )
         return await self.exec(
-            self._sandbox._python_argv(code), timeout=timeout, env=env, cwd=cwd, input=input
+            self._sandbox._python_argv(code),
+            timeout=timeout,
+            env=env,
+            cwd=cwd,
+            input=input,
+            display_command="python -c <code>",
         )
 
     async def run_code(
@@ -491,17 +521,35 @@ class AsyncSandbox:
             return await self.exec_shell(code, timeout=timeout)
         raise ConfigurationError(f"language {language!r} is not supported; use 'python' or 'shell'")
 
-    async def exec_json(self, code: str, *, timeout: float | None = None) -> Any:
+    async def exec_json(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str | Secret] | None = None,
+        cwd: str | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
+    ) -> Any:
         """See :meth:`Sandbox.exec_json`."""
-        result = (await self.exec_python(code, timeout=timeout)).check()
+        result = (
+            await self.exec_python(
+                code,
+                timeout=timeout,
+                env=either(env, environment, "env", "environment"),
+                cwd=either(cwd, workdir, "cwd", "workdir"),
+            )
+        ).check()
         try:
             return json.loads(result.stdout)
         except ValueError as exc:
             raise ExecutionError(f"the code's stdout is not JSON: {exc}", result) from None
 
-    async def python_session(self) -> AsyncPythonSession:
+    async def python_session(self, *, start_timeout: float = 30.0) -> AsyncPythonSession:
         """See :meth:`Sandbox.python_session`; the session's methods are awaited."""
-        session = await self._call(self._sandbox.python_session)
+        session = await self._call(
+            functools.partial(self._sandbox.python_session, start_timeout=start_timeout)
+        )
         return AsyncPythonSession(session, self._waits)
 
     def stream_exec(
@@ -512,6 +560,9 @@ class AsyncSandbox:
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
         input: str | bytes | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
+        display_command: str | None = None,
     ) -> AsyncExecutionStream:
         """See :meth:`Sandbox.stream_exec`; iterate the result with ``async for``.
 
@@ -519,9 +570,16 @@ class AsyncSandbox:
         (which also kills it on exit if it still runs); argument errors and
         approval refusals surface there.
         """
-        return AsyncExecutionStream(
-            self, functools.partial(self._sandbox._start, argv, timeout, env, cwd, input), timeout
+        start = functools.partial(
+            self._sandbox._start,
+            argv,
+            timeout,
+            either(env, environment, "env", "environment"),
+            either(cwd, workdir, "cwd", "workdir"),
+            input,
+            display_command=display_command,
         )
+        return AsyncExecutionStream(self, start, timeout)
 
     def stream_shell(
         self,
@@ -530,9 +588,17 @@ class AsyncSandbox:
         timeout: float | None = None,
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
     ) -> AsyncExecutionStream:
         """See :meth:`Sandbox.stream_shell` and :meth:`stream_exec`."""
-        return self.stream_exec(["/bin/sh", "-c", _text(script, "script")], timeout=timeout, env=env, cwd=cwd)
+        return self.stream_exec(
+            ["/bin/sh", "-c", _text(script, "script")],
+            timeout=timeout,
+            env=either(env, environment, "env", "environment"),
+            cwd=either(cwd, workdir, "cwd", "workdir"),
+            display_command=script,
+        )
 
     def stream_python(
         self,
@@ -541,17 +607,37 @@ class AsyncSandbox:
         timeout: float | None = None,
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
     ) -> AsyncExecutionStream:
         """See :meth:`Sandbox.stream_python` and :meth:`stream_exec`."""
-        return self.stream_exec(self._sandbox._python_argv(code), timeout=timeout, env=env, cwd=cwd)
+        return self.stream_exec(
+            self._sandbox._python_argv(code),
+            timeout=timeout,
+            env=either(env, environment, "env", "environment"),
+            cwd=either(cwd, workdir, "cwd", "workdir"),
+            display_command="python -c <code>",
+        )
 
     # -- files -----------------------------------------------------------------
 
-    async def write_file(self, path: str, data: str | bytes, *, mode: int = 0o644) -> None:
+    async def write_file(
+        self, path: str, content: str | bytes, *, encoding: str = "utf-8", mode: int = 0o644
+    ) -> None:
         """See :meth:`Sandbox.write_file`."""
-        await self._call(functools.partial(self._sandbox.write_file, path, data, mode=mode))
+        await self._call(
+            functools.partial(self._sandbox.write_file, path, content, encoding=encoding, mode=mode)
+        )
 
-    async def read_file(self, path: str, encoding: str | None = "utf-8") -> Any:
+    @overload
+    async def read_file(self, path: str) -> str: ...
+    @overload
+    async def read_file(self, path: str, encoding: str) -> str: ...
+    @overload
+    async def read_file(self, path: str, encoding: None) -> bytes: ...
+    @overload
+    async def read_file(self, path: str, *, encoding: str | None) -> str | bytes: ...
+    async def read_file(self, path: str, encoding: str | None = "utf-8") -> str | bytes:
         """See :meth:`Sandbox.read_file`."""
         return await self._call(functools.partial(self._sandbox.read_file, path, encoding))
 
@@ -575,13 +661,13 @@ class AsyncSandbox:
         """See :meth:`Sandbox.remove_file`."""
         await self._call(functools.partial(self._sandbox.remove_file, path, recursive=recursive))
 
-    async def upload_file(self, local_path: str | os.PathLike[str], remote_path: str) -> None:
+    async def upload_file(self, source: str | os.PathLike[str], destination: str | None = None) -> None:
         """See :meth:`Sandbox.upload_file`."""
-        await self._call(functools.partial(self._sandbox.upload_file, local_path, remote_path))
+        await self._call(functools.partial(self._sandbox.upload_file, source, destination))
 
-    async def download_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
+    async def download_file(self, source: str, destination: str | os.PathLike[str]) -> None:
         """See :meth:`Sandbox.download_file`."""
-        await self._call(functools.partial(self._sandbox.download_file, remote_path, local_path))
+        await self._call(functools.partial(self._sandbox.download_file, source, destination))
 
     # -- state -----------------------------------------------------------------
 
@@ -589,13 +675,15 @@ class AsyncSandbox:
         """See :meth:`Sandbox.fork`.  A child whose fork is cancelled is destroyed."""
         return await _provision(functools.partial(self._sandbox.fork, timeout=timeout))
 
-    async def snapshot(self, path: str | os.PathLike[str], *, compress: bool = False) -> SnapshotMetadata:
+    async def snapshot(
+        self, destination: str | os.PathLike[str], *, compress: bool = False
+    ) -> SnapshotMetadata:
         """See :meth:`Sandbox.snapshot`."""
-        return await self._call(functools.partial(self._sandbox.snapshot, path, compress=compress))
+        return await self._call(functools.partial(self._sandbox.snapshot, destination, compress=compress))
 
-    async def restore(self, path: str | os.PathLike[str]) -> SnapshotMetadata:
+    async def restore(self, source: str | os.PathLike[str]) -> SnapshotMetadata:
         """See :meth:`Sandbox.restore`."""
-        return await self._call(functools.partial(self._sandbox.restore, path))
+        return await self._call(functools.partial(self._sandbox.restore, source))
 
     async def artifacts(self, pattern: str = "**/*") -> tuple[Artifact, ...]:
         """See :meth:`Sandbox.artifacts`."""
@@ -699,9 +787,9 @@ class AsyncExecutionStream:
             raise self._owner._sandbox._lost(exc) from None
 
     def _finish(self, raw: RawExit) -> ExecutionResult:
-        assert self._handle is not None
+        assert self._handle is not None and self._handle.result is raw
         return self._owner._sandbox._result(
-            raw, b"".join(self._out), b"".join(self._err), self._handle.truncated, self._timeout
+            self._handle, b"".join(self._out), b"".join(self._err), self._timeout
         )
 
     # -- task side ---------------------------------------------------------------
@@ -738,6 +826,8 @@ class AsyncExecutionStream:
                 self.result = await anyio.to_thread.run_sync(self._finish, event)
             except ExecutionTimeoutError as exc:
                 self._error = exc
+            else:
+                self._tail.append(ExecutionChunk("status", exit_code=self.result.exit_code))
 
     async def aclose(self) -> None:
         """Kill the command's process tree if it still runs (see :meth:`ExecutionStream.close`)."""
@@ -899,7 +989,11 @@ class AsyncPythonSession:
         """See :attr:`PythonSession.pid`."""
         return self._session.pid
 
-    async def run(self, code: str, *, timeout: float | None = None) -> SessionResult:
+    async def start(self) -> None:
+        """See :meth:`PythonSession.start`."""
+        await anyio.to_thread.run_sync(self._session.start)
+
+    async def run(self, code: str, *, timeout: float | None = 30.0) -> SessionResult:
         """See :meth:`PythonSession.run`."""
         stream = self.stream(code, timeout=timeout)
         async for _ in stream:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -60,6 +61,9 @@ class JsonLogObserver:
             sb.exec_shell("echo hi")
 
     Args:
+        logger: a :class:`logging.Logger` to send each event to as one INFO
+            record (0.3.0's behaviour) instead of a file; a path here is
+            the same as ``path=``.
         path: the file; default :func:`default_audit_path`.
         max_bytes: rotate before a write would take the file past this size.
         backups: rotated files kept; 0 truncates instead of keeping any.
@@ -73,11 +77,23 @@ class JsonLogObserver:
 
     def __init__(
         self,
-        path: str | os.PathLike[str] | None = None,
+        logger: logging.Logger | str | os.PathLike[str] | None = None,
         *,
+        path: str | os.PathLike[str] | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
         backups: int = DEFAULT_BACKUPS,
     ) -> None:
+        # 0.3.0's first argument was a logging.Logger; ours is the file.  Both
+        # are taken positionally, told apart by type.
+        self.logger: logging.Logger | None = None
+        if isinstance(logger, logging.Logger):
+            self.logger = logger
+        elif logger is not None:
+            if path is not None:
+                raise ConfigurationError(
+                    "pass the file once: JsonLogObserver(path) or JsonLogObserver(path=...)"
+                )
+            path = logger
         if max_bytes <= 0:
             raise ConfigurationError("max_bytes must be greater than 0")
         if backups < 0:
@@ -89,6 +105,10 @@ class JsonLogObserver:
         self._fd: int | None = None
 
     def __call__(self, event: SandboxEvent) -> None:
+        if self.logger is not None:
+            # As 0.3.0 did: one INFO record per event, the JSON as its message.
+            self.logger.info(json.dumps(event.to_dict(), sort_keys=True, default=str))
+            return
         line = (json.dumps(event.to_dict(), separators=(",", ":"), default=str) + "\n").encode()
         with self._lock:
             try:
@@ -96,6 +116,10 @@ class JsonLogObserver:
             except OSError as exc:
                 self._close()
                 raise AuditError(f"cannot record {event.type.value} event in {self.path}: {exc}") from exc
+
+    def emit(self, event: SandboxEvent) -> None:
+        """0.3.0's observer method: the same as calling the observer."""
+        self(event)
 
     def _write(self, line: bytes) -> None:
         fd = self._open()
@@ -159,6 +183,8 @@ class OpenTelemetryObserver:
     Needs the ``observability`` extra (``pip install 'agentnest[observability]'``).
 
     Args:
+        tracer: the tracer that makes the spans (0.3.0's argument); default
+            one from ``tracer_provider``.
         tracer_provider: where spans go; default the global provider.
 
     Raises:
@@ -167,7 +193,9 @@ class OpenTelemetryObserver:
     .. versionadded:: 0.4.0
     """
 
-    def __init__(self, tracer_provider: Any = None) -> None:
+    def __init__(self, tracer: Any = None, *, tracer_provider: Any = None) -> None:
+        if tracer is not None and tracer_provider is not None:
+            raise ConfigurationError("pass either tracer or tracer_provider, not both")
         try:
             # import_module: the package is optional and untyped here (as templates.py does yaml).
             trace = importlib.import_module("opentelemetry.trace")
@@ -176,7 +204,15 @@ class OpenTelemetryObserver:
                 "OpenTelemetryObserver needs opentelemetry-api: pip install 'agentnest[observability]'"
             ) from exc
         self._trace = trace
-        self._tracer = trace.get_tracer("agentnest", tracer_provider=tracer_provider)
+        if (
+            tracer is not None
+            and not hasattr(tracer, "start_as_current_span")
+            and hasattr(tracer, "get_tracer")
+        ):
+            # A TracerProvider passed positionally (the first argument was
+            # tracer_provider before 0.3.0's name came back).
+            tracer, tracer_provider = None, tracer
+        self._tracer = tracer or trace.get_tracer("agentnest", tracer_provider=tracer_provider)
 
     def __call__(self, event: SandboxEvent) -> None:
         attributes = _attributes(event)
@@ -187,6 +223,10 @@ class OpenTelemetryObserver:
             return
         with self._tracer.start_as_current_span(f"agentnest.{name}", attributes=attributes) as span:
             span.add_event(name, attributes, timestamp=int(event.time * 1e9))
+
+    def emit(self, event: SandboxEvent) -> None:
+        """0.3.0's observer method: the same as calling the observer."""
+        self(event)
 
 
 def _attributes(event: SandboxEvent) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import posixpath
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,17 +67,19 @@ class ResourceLimits:
     """
 
     memory: int = 512 * MiB
-    """Memory ceiling in bytes (no swap)."""
+    """Memory ceiling in bytes (no swap); a size string such as ``"512m"`` is parsed."""
     cpus: float = 1.0
     """CPU share, in cores."""
     pids: int = 256
     """Maximum number of processes and threads."""
-    workspace: int = 256 * MiB
-    """Size of the writable ``/workspace`` filesystem."""
-    scratch: int = 64 * MiB
-    """Size of the writable ``/tmp`` scratch filesystem."""
     gpus: int = 0
     """GPUs requested from the engine (0 for none)."""
+    workspace: int = None  # type: ignore[assignment]  # None: derived from memory in __post_init__
+    """Size of the writable ``/workspace`` filesystem; by default half of
+    ``memory``, at most 256m."""
+    scratch: int = None  # type: ignore[assignment]  # None: derived from memory in __post_init__
+    """Size of the writable ``/tmp`` scratch filesystem; by default an eighth
+    of ``memory``, at most 64m."""
 
     @classmethod
     def build(
@@ -84,21 +87,34 @@ class ResourceLimits:
         memory: int | str = "512m",
         cpus: float = 1.0,
         pids: int = 256,
-        workspace: int | str = "256m",
-        scratch: int | str = "64m",
+        workspace: int | str | None = None,
+        scratch: int | str | None = None,
         gpus: int = 0,
     ) -> ResourceLimits:
-        """Build limits from human sizes (``"512m"``)."""
+        """Build limits from human sizes (``"512m"``); ``None`` sizes follow ``memory``."""
         return cls(
             memory=parse_size(memory, "memory"),
             cpus=cpus,
             pids=pids,
-            workspace=parse_size(workspace, "workspace_size"),
-            scratch=parse_size(scratch, "scratch_size"),
             gpus=gpus,
+            workspace=None if workspace is None else parse_size(workspace, "workspace_size"),  # type: ignore[arg-type]
+            scratch=None if scratch is None else parse_size(scratch, "scratch_size"),  # type: ignore[arg-type]
         )
 
     def __post_init__(self) -> None:
+        memory: object = self.memory
+        if isinstance(memory, str):  # 0.3.0 took ResourceLimits(memory="512m")
+            object.__setattr__(self, "memory", parse_size(memory, "memory"))
+        if isinstance(self.memory, int) and not isinstance(self.memory, bool):
+            # Both filesystems live in memory, so by default they follow the
+            # memory limit (0.3.0 accepted any memory; a fixed 256m workspace
+            # refused everything under 352m).
+            scratch: object = self.scratch
+            workspace: object = self.workspace
+            if scratch is None:
+                object.__setattr__(self, "scratch", max(MiB, min(64 * MiB, self.memory // 8)))
+            if workspace is None:
+                object.__setattr__(self, "workspace", max(MiB, min(256 * MiB, self.memory // 2)))
         if not isinstance(self.memory, int) or not 32 * MiB <= self.memory <= 1024 * GiB:
             raise ConfigurationError(f"memory={self.memory!r} bytes is out of range; use 32m to 1024g")
         if (
@@ -116,10 +132,12 @@ class ResourceLimits:
             v = getattr(self, name)
             if not isinstance(v, int) or v < MiB:
                 raise ConfigurationError(f"{name} size {v!r} is too small; use at least 1m")
-        if self.workspace + self.scratch > self.memory - 32 * MiB:
+        reserve = min(32 * MiB, self.memory // 4)
+        if self.workspace + self.scratch > self.memory - reserve:
             raise ConfigurationError(
                 f"workspace ({format_size(self.workspace)}) + scratch ({format_size(self.scratch)}) "
-                f"must leave at least 32m of memory ({format_size(self.memory)}) for processes, "
+                f"must leave at least {format_size(reserve)} of memory ({format_size(self.memory)}) "
+                "for processes, "
                 "because both live in memory; raise memory or lower workspace_size"
             )
 
@@ -177,6 +195,15 @@ class SandboxConfig:
     """UID:GID the workload runs as."""
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Extra labels on every engine resource."""
+    seccomp_profile: str | None = None
+    """A seccomp profile (JSON, or a path to it) replacing AgentNest's
+    (``SecurityPolicy.seccomp_profile``).  .. versionadded:: 0.4.0"""
+    apparmor_profile: str | None = None
+    """An AppArmor profile to run under (``SecurityPolicy.apparmor_profile``).  .. versionadded:: 0.4.0"""
+    rootless: bool = False
+    """Require a rootless engine (``SecurityPolicy.rootless``).  .. versionadded:: 0.4.0"""
+    proxy_image: str | None = None
+    """Image of the egress proxy (``SecurityPolicy.egress_proxy_image``).  .. versionadded:: 0.4.0"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not self.image.strip() or any(c.isspace() for c in self.image):
@@ -261,9 +288,14 @@ class ExecutionResult:
     U+FFFD) and have every secret redacted.
     """
 
+    command: str
+    """The command as run (``display_command`` when one was given); secrets redacted.
+
+    .. versionchanged:: 0.4.0
+       The fields keep 0.3.0's order: ``command, exit_code, stdout, stderr, duration``."""
+    exit_code: int
     stdout: str
     stderr: str
-    exit_code: int
     duration: float
     timed_out: bool = False
     truncated: bool = False
@@ -292,10 +324,18 @@ class ExecutionResult:
 
 @dataclass(frozen=True, slots=True)
 class ExecutionChunk:
-    """A piece of output from a streaming command."""
+    """A piece of output from a streaming command.
 
-    stream: Literal["stdout", "stderr"]
-    data: str
+    The last chunk of a stream that ended is a ``"status"`` chunk carrying the
+    ``exit_code`` (as in 0.3.0); ``data`` is empty there.
+    """
+
+    stream: Literal["stdout", "stderr", "status"]
+    data: str = ""
+    timestamp: float = field(default_factory=time.time, compare=False)
+    """When the chunk arrived at the host (epoch seconds; not part of equality)."""
+    exit_code: int | None = None
+    """The command's exit code, on the ``"status"`` chunk only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,8 +378,8 @@ class SnapshotMetadata:
     The first four fields keep their 0.3.0 meaning and order.
 
     .. versionchanged:: 0.4.0
-       Added ``image``, ``files`` and the fields after them; ``created``
-       (``created_at`` stays as an alias).
+       Added ``image``, ``files`` and the fields after them, and ``created``
+       as a short name of ``created_at``.
     """
 
     path: Path
@@ -348,7 +388,7 @@ class SnapshotMetadata:
     """Size of the snapshot file in bytes."""
     sha256: str
     """SHA-256 of the snapshot file as stored (``sha256sum`` agrees)."""
-    created: float
+    created_at: float
     """When the snapshot was taken (epoch seconds)."""
     image: str = ""
     """Image of the sandbox it was taken from (empty for a tar without AgentNest metadata)."""
@@ -368,6 +408,6 @@ class SnapshotMetadata:
     """Workspace entries that cannot be archived (sockets, FIFOs, devices) and were left out."""
 
     @property
-    def created_at(self) -> float:
-        """0.3.0 name of :attr:`created`."""
-        return self.created
+    def created(self) -> float:
+        """Same as :attr:`created_at`."""
+        return self.created_at

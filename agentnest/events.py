@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -44,28 +45,69 @@ class EventType(str, enum.Enum):
     SNAPSHOT_RESTORED = "snapshot.restored"
     SANDBOX_FORKED = "sandbox.forked"
 
+    # 0.3.0 names, aliases of the members above (``EventType.CREATED is
+    # EventType.SANDBOX_CREATED``).  0.3.0's execution events were
+    # ``execution.started`` / ``execution.finished``; the aliases carry ours'
+    # values (docs/compat.md).
+    CREATED = "sandbox.created"
+    DESTROYED = "sandbox.destroyed"
+    FORKED = "sandbox.forked"
+    EXECUTION_STARTED = "exec.started"
+    EXECUTION_FINISHED = "exec.finished"
+
+    @classmethod
+    def _missing_(cls, value: object) -> EventType | None:
+        # 0.3.0 spellings of the execution events.
+        old = {"execution.started": cls.EXEC_STARTED, "execution.finished": cls.EXEC_FINISHED}
+        return old.get(value) if isinstance(value, str) else None
+
 
 @dataclass(frozen=True, slots=True)
 class SandboxEvent:
-    """One audit record.  ``data`` never contains a secret (it is redacted)."""
+    """One audit record.  ``attributes`` never contains a secret (it is redacted).
+
+    .. versionchanged:: 0.4.0
+       The fields keep 0.3.0's order and names (``timestamp``, ``attributes``,
+       ``event_id``); ``time`` and ``data`` are short names for the first two,
+       and ``actor`` is new.
+    """
 
     type: EventType
     sandbox_id: str
-    data: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    time: float = field(default_factory=time.time)
+    timestamp: float = field(default_factory=time.time)
+    """When it happened (epoch seconds)."""
+    attributes: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """What happened, redacted."""
+    event_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """Unique id of this record."""
     actor: str = "host"
+    """Who did it: ``host`` (this process), ``sandbox`` (its own code, via the
+    egress proxy) or ``remote`` (a client of ``agentnest serve``)."""
+
+    @property
+    def time(self) -> float:
+        """Same as :attr:`timestamp`."""
+        return self.timestamp
+
+    @property
+    def data(self) -> Mapping[str, Any]:
+        """Same as :attr:`attributes`."""
+        return self.attributes
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "type": self.type.value,
             "sandbox_id": self.sandbox_id,
-            "time": self.time,
+            "time": self.timestamp,
             "actor": self.actor,
-            "data": dict(self.data),
+            "event_id": self.event_id,
+            "data": dict(self.attributes),
         }
 
 
 Observer = Callable[[SandboxEvent], Any]
+"""Anything that takes events: a callable, or (as in 0.3.0) an object with an
+``emit(event)`` method."""
 
 
 class MemoryObserver:
@@ -79,10 +121,14 @@ class MemoryObserver:
         with self._lock:
             self._events.append(event)
 
+    emit = __call__
+    """0.3.0's observer method."""
+
     @property
-    def events(self) -> list[SandboxEvent]:
+    def events(self) -> tuple[SandboxEvent, ...]:
+        """Every event so far, oldest first (a tuple, as in 0.3.0)."""
         with self._lock:
-            return list(self._events)
+            return tuple(self._events)
 
     def types(self) -> list[str]:
         return [e.type.value for e in self.events]

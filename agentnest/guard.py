@@ -48,6 +48,16 @@ MAX_ARG = 128 * 1024
 MAX_EVENT_TEXT = 4096
 
 
+def _observer_call(observer: Any) -> Callable[[SandboxEvent], Any]:
+    """The callable to hand events to: the observer, or its ``emit`` (0.3.0's protocol)."""
+    if callable(observer):
+        return observer  # type: ignore[no-any-return]
+    emit = getattr(observer, "emit", None)
+    if callable(emit):
+        return emit  # type: ignore[no-any-return]
+    raise ConfigurationError(f"observer {observer!r:.60} is neither callable nor has an emit(event) method")
+
+
 class _HookTimeout(Exception):
     pass
 
@@ -64,7 +74,7 @@ class Guard:
     ) -> None:
         self.config = config
         self.policy = policy
-        self.observers = tuple(observers)
+        self.observers = tuple(_observer_call(o) for o in observers)
         self.approval_hook = approval_hook
         if approval_hook is not None and not callable(approval_hook):
             raise ConfigurationError("approval_hook must be a callable taking an ApprovalRequest")
@@ -118,6 +128,16 @@ class Guard:
             )
         if self.config.limits.gpus and Capability.GPU not in capabilities:
             raise UnsupportedCapabilityError("this backend cannot pass GPUs through")
+        custom = [n for n in ("seccomp_profile", "apparmor_profile") if getattr(self.config, n) is not None]
+        if custom and Capability.SECURITY_PROFILES not in capabilities:
+            raise UnsupportedCapabilityError(
+                f"this backend cannot apply the policy's {' and '.join(custom)}; no sandbox was created"
+            )
+        if self.config.rootless and Capability.ROOTLESS not in capabilities:
+            raise UnsupportedCapabilityError(
+                "the policy requires a rootless engine and this backend cannot tell whether it has one; "
+                "no sandbox was created"
+            )
 
     # -- approvals and events --------------------------------------------------
 
@@ -168,7 +188,7 @@ class Guard:
         if not self.observers:
             return
         event = SandboxEvent(
-            kind, self.sandbox_id, MappingProxyType(self.redact_data(dict(data))), actor=actor
+            kind, self.sandbox_id, attributes=MappingProxyType(self.redact_data(dict(data))), actor=actor
         )
         for observer in self.observers:
             observer(event)
@@ -208,6 +228,7 @@ class Guard:
         timeout: float | None,
         env: Mapping[str, str | Secret] | None,
         cwd: str | None,
+        display_command: str | None = None,
     ) -> tuple[list[str], dict[str, str], str | None, float | None]:
         if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence) or not argv:
             raise ConfigurationError("argv must be a non-empty list of strings, e.g. ['ls', '-l']")
@@ -246,7 +267,10 @@ class Guard:
             call_env[k] = v
         workdir = self.workdir_path(cwd) if cwd is not None else None
         self.approve("exec", {"argv": args, "command": command_line(args), "cwd": workdir})
-        self.emit(EventType.EXEC_STARTED, {"argv": args[:64], "timeout": timeout})
+        started: dict[str, Any] = {"argv": args[:64], "timeout": timeout}
+        if display_command is not None:
+            started["command"] = display_command
+        self.emit(EventType.EXEC_STARTED, started)
         return args, call_env, workdir, float(timeout) if timeout is not None else None
 
     def add_secret(self, value: str) -> None:
@@ -258,8 +282,11 @@ class Guard:
     def redact(self, text: str) -> str:
         return redact(text, self._forms) if self._forms else text
 
-    def finish_exec(self, raw: RawExit, stdout: bytes, stderr: bytes, truncated: bool) -> ExecutionResult:
+    def finish_exec(
+        self, raw: RawExit, stdout: bytes, stderr: bytes, truncated: bool, command: str = ""
+    ) -> ExecutionResult:
         result = ExecutionResult(
+            command=self.redact(command),
             stdout=self.redact(stdout.decode("utf-8", "replace")),
             stderr=self.redact(stderr.decode("utf-8", "replace")),
             exit_code=raw.code,

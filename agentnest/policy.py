@@ -10,23 +10,30 @@ import fnmatch
 import ipaddress
 import math
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .egress.proxy import check_pattern
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
     from .config import SandboxConfig
 
-_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _RUNTIME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 #: Backend names that people use for an OCI runtime.
 RUNTIME_ALIASES = {"gvisor": "runsc", "kata": "kata-runtime", "docker": "runc"}
 
 
 class NetworkMode(str, enum.Enum):
-    """How a sandbox may reach the network."""
+    """How a sandbox may reach the network.
+
+    0.3.0's names and values still work: :attr:`DENY` is :attr:`DENIED` and
+    :attr:`ALLOW` is :attr:`OPEN` (the same members), and
+    ``NetworkMode("deny")`` and ``NetworkMode("allow")`` return them.  The
+    values are ours: ``NetworkMode.DENY.value == "denied"``.
+    """
 
     DENIED = "denied"
     """No interface but loopback (the default)."""
@@ -34,35 +41,57 @@ class NetworkMode(str, enum.Enum):
     """Only through the filtering proxy, to approved domains."""
     OPEN = "open"
     """Unfiltered network: an explicit, loudly logged opt-in."""
+    DENY = "denied"
+    """0.3.0's name of :attr:`DENIED`."""
+    ALLOW = "open"
+    """0.3.0's name of :attr:`OPEN`."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> NetworkMode | None:
+        # 0.3.0's values ("deny", "allow"), as its code, YAML and JSON spell them.
+        return {"deny": cls.DENIED, "allow": cls.OPEN}.get(value) if isinstance(value, str) else None
 
 
 def _check_domain(pattern: str) -> str:
-    if not isinstance(pattern, str):
-        raise ConfigurationError(f"allowlist domain {pattern!r} must be a string")
-    p = pattern.strip().lower().rstrip(".")
-    host = p[2:] if p.startswith("*.") else p
-    labels = host.split(".")
-    if not host or not all(_LABEL.match(label) for label in labels):
-        raise ConfigurationError(f"allowlist domain {pattern!r} is not a host name or '*.suffix' pattern")
-    if p.startswith("*.") and len(labels) < 2:
-        # '*' or '*.com' would admit a whole top-level domain.
-        raise ConfigurationError(
-            f"allowlist pattern {pattern!r} is too broad; name at least two labels, like '*.example.com'"
-        )
-    return p
+    # The proxy's own check (agentnest/egress/proxy.py), so that the policy
+    # and the proxy can never disagree on what an entry means.
+    try:
+        return check_pattern(pattern)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)
 class NetworkPolicy:
-    """Network access of a sandbox.  Use the named constructors."""
+    """Network access of a sandbox.  Use the named constructors.
+
+    With an allowlist, ``domains=["pypi.org"]`` admits ``pypi.org`` and the
+    names below it (``files.pypi.org``), as in 0.3.0;
+    ``subdomains=False`` admits exactly the names listed.  An IP address
+    among the domains (``"10.20.30.40"``) admits connections to exactly that
+    address.  See docs/egress.md.
+    """
 
     mode: NetworkMode = NetworkMode.DENIED
     domains: tuple[str, ...] = ()
-    """Allowed host names (exact, or ``*.suffix``)."""
+    """Allowed destinations: host names (``pypi.org``: the name and, with
+    :attr:`subdomains`, every name below it), ``*.suffix`` patterns (the
+    names strictly below the suffix) and IP addresses (``10.20.30.40``,
+    ``::1``: exactly that address as a destination, even a private one;
+    a name that resolves to it still needs :attr:`cidrs`)."""
     cidrs: tuple[str, ...] = ()
     """Address ranges allowed even though private or reserved."""
     ports: tuple[int, ...] = (80, 443)
     """Allowed destination ports."""
+    subdomains: bool = True
+    """Whether a listed name also admits the names below it (``pypi.org``
+    admits ``files.pypi.org`` and ``a.b.pypi.org``, never ``notpypi.org``),
+    as in 0.3.0.  ``False`` admits exactly the names listed; a ``*.suffix``
+    entry still admits the names below its suffix.  A one-label name
+    (``localhost``) admits only itself either way: below it would be a whole
+    top-level domain.  Only for :attr:`NetworkMode.ALLOWLIST`.
+
+    .. versionadded:: 0.4.0"""
 
     def __post_init__(self) -> None:
         mode: object = self.mode  # may be a plain string from YAML or HTTP
@@ -79,6 +108,8 @@ class NetworkPolicy:
                 raise ConfigurationError(
                     f"{name} must be a list or tuple, e.g. {name}=('...',), not {value!r:.60}"
                 )
+        if not isinstance(self.subdomains, bool):
+            raise ConfigurationError(f"subdomains must be True or False, not {self.subdomains!r:.60}")
         object.__setattr__(self, "domains", tuple(_check_domain(d) for d in self.domains))
         cidrs = []
         for c in self.cidrs:
@@ -91,8 +122,16 @@ class NetworkPolicy:
             if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
                 raise ConfigurationError(f"port {port!r} is not a TCP port (1-65535)")
         object.__setattr__(self, "ports", tuple(self.ports))
-        if self.mode is NetworkMode.ALLOWLIST and not (self.domains or self.cidrs):
-            raise ConfigurationError("an allowlist needs at least one domain or cidr")
+        if self.mode is NetworkMode.ALLOWLIST:
+            if not (self.domains or self.cidrs):
+                raise ConfigurationError("an allowlist needs at least one domain or cidr")
+        elif self.domains or self.cidrs or not self.subdomains:
+            # As in 0.3.0: a denied or open network has nothing to list, and
+            # accepting a list there would suggest a filter that is not applied.
+            raise ConfigurationError(
+                f"domains, cidrs and subdomains=False only go with network mode 'allowlist', "
+                f"not {self.mode.value!r}; use NetworkPolicy.allowlist(...)"
+            )
 
     @classmethod
     def denied(cls) -> NetworkPolicy:
@@ -105,20 +144,51 @@ class NetworkPolicy:
         domains: tuple[str, ...] | list[str] = (),
         cidrs: tuple[str, ...] | list[str] = (),
         ports: tuple[int, ...] | list[int] = (80, 443),
+        *,
+        subdomains: bool = True,
     ) -> NetworkPolicy:
-        """Only these domains (and ranges), through the filtering proxy."""
+        """Only these destinations, through the filtering proxy.
+
+        Args:
+            domains: host names (each with the names below it, unless
+                ``subdomains=False``), ``*.suffix`` patterns, IP addresses.
+            cidrs: private or reserved ranges to admit (names resolving
+                into them, and address literals inside them).
+            ports: allowed destination ports.
+            subdomains: ``False`` admits exactly the names listed, not the
+                names below them (``.. versionadded:: 0.4.0``).
+
+        Raises:
+            ConfigurationError: an entry is invalid or too broad (``*``,
+                ``*.com``), or nothing is listed.
+        """
         given: tuple[tuple[str, object], ...] = (("domains", domains), ("cidrs", cidrs), ("ports", ports))
         for name, value in given:
             if isinstance(value, (str, bytes)):
                 raise ConfigurationError(
                     f"{name} must be a list or tuple, e.g. {name}=[{value!r}], not one string"
                 )
-        return cls(NetworkMode.ALLOWLIST, tuple(domains), tuple(cidrs), tuple(ports))
+        return cls(NetworkMode.ALLOWLIST, tuple(domains), tuple(cidrs), tuple(ports), subdomains)
 
     @classmethod
     def open(cls) -> NetworkPolicy:
         """Unfiltered network access (explicit opt-in)."""
         return cls(NetworkMode.OPEN)
+
+    @classmethod
+    def allowed(cls) -> NetworkPolicy:
+        """0.3.0's name of :meth:`open`: unfiltered network access.
+
+        .. deprecated:: 0.4.0
+            Use :meth:`open`.
+        """
+        warnings.warn(
+            "NetworkPolicy.allowed() is the 0.3.0 name of NetworkPolicy.open(); it still works, "
+            "but use open()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return cls.open()
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,16 +201,35 @@ class SecurityPolicy:
     asks for more than a ceiling is refused, never silently clamped.
     """
 
+    # The first nine fields keep 0.3.0's order (SecurityPolicy is a dataclass:
+    # a positional call must keep its meaning); ours follow.
     network: NetworkPolicy = field(default_factory=NetworkPolicy.denied)
     """Network policy."""
-    max_output_bytes: int = 10_000_000
+    max_output_bytes: int = 10 * 1024 * 1024
     """Ceiling on a command's stdout + stderr; the rest is cut (``truncated``)."""
-    max_file_bytes: int = 256 * 1024 * 1024
-    """Ceiling on one file read from or written to the sandbox."""
-    require_image_digest: bool = False
-    """Refuse ``name:tag``; accept only ``name@sha256:...``."""
+    max_file_read_bytes: int | None = None
+    """Ceiling on one file read from the sandbox, if lower than ``max_file_bytes``
+    (0.3.0's only file bound, 64 MiB by default there; ``None`` here: reads
+    are bounded by ``max_file_bytes``)."""
     allowed_images: tuple[str, ...] = ()
     """Glob patterns of acceptable images; empty means any."""
+    require_image_digest: bool = False
+    """Refuse ``name:tag``; accept only ``name@sha256:...``."""
+    seccomp_profile: str | None = None
+    """A seccomp profile to use instead of AgentNest's: a path to a Docker
+    seccomp JSON file, or the JSON itself.  ``"unconfined"`` is refused: no
+    sandbox runs without a filter (docs/compat.md)."""
+    apparmor_profile: str | None = None
+    """An AppArmor profile the container runs under (Docker: ``apparmor=``).
+    Refused at create on a host without AppArmor or without that profile
+    loaded, never silently ignored."""
+    rootless: bool = False
+    """Require a rootless container engine; creating on a root engine is refused."""
+    egress_proxy_image: str | None = None
+    """Image the egress proxy runs in for allowlist sandboxes (needs
+    ``python3``); ``None`` uses the backend's own (the base image)."""
+    max_file_bytes: int = 256 * 1024 * 1024
+    """Ceiling on one file read from or written to the sandbox."""
     read_only_root: bool = True
     """Keep the image's root filesystem read-only."""
     required_runtime: str | None = None
@@ -172,11 +261,14 @@ class SecurityPolicy:
         for name, low, high in (
             ("max_output_bytes", 1024, 1 << 34),
             ("max_file_bytes", 1024, 1 << 36),
+            ("max_file_read_bytes", 1, 1 << 36),
         ):
             v = getattr(self, name)
+            if v is None and name == "max_file_read_bytes":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
                 raise ConfigurationError(f"{name}={v!r} is out of range; use {low} to {high}")
-        for name in ("require_image_digest", "read_only_root"):
+        for name in ("require_image_digest", "read_only_root", "rootless"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"{name} must be True or False, not {getattr(self, name)!r}")
         images: object = self.allowed_images
@@ -187,6 +279,28 @@ class SecurityPolicy:
         if not all(isinstance(p, str) and p.strip() for p in images):
             raise ConfigurationError("allowed_images must hold non-empty pattern strings")
         object.__setattr__(self, "allowed_images", tuple(images))
+        profile = self.seccomp_profile
+        if profile is not None:
+            if not isinstance(profile, str) or not profile.strip():
+                raise ConfigurationError(
+                    "seccomp_profile must be a path to a seccomp JSON file, the JSON, or None"
+                )
+            if profile.strip().lower() == "unconfined":
+                # 0.3.0 passed this through; ours never runs a sandbox without a
+                # syscall filter, so the setting is refused rather than honoured.
+                raise ConfigurationError(
+                    "seccomp_profile='unconfined' is refused: AgentNest never runs a sandbox without a "
+                    "seccomp filter; leave it None for AgentNest's profile or give your own profile's JSON"
+                )
+        for name in ("apparmor_profile", "egress_proxy_image"):
+            value = getattr(self, name)
+            bad = not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)
+            if value is not None and bad:
+                raise ConfigurationError(f"{name}={value!r} must be a non-empty name without spaces, or None")
+        if self.apparmor_profile is not None and self.apparmor_profile.lower() == "unconfined":
+            raise ConfigurationError(
+                "apparmor_profile='unconfined' is refused: it would only remove a confinement; leave it None"
+            )
         runtime = self.required_runtime
         if runtime is not None:
             if not isinstance(runtime, str) or not _RUNTIME.match(runtime):
@@ -219,6 +333,22 @@ class SecurityPolicy:
         t = self.approval_timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 86400:
             raise ConfigurationError(f"approval_timeout={t!r} must be 0 < seconds <= 86400")
+
+    @property
+    def read_limit(self) -> int:
+        """The ceiling on one file read: the lower of ``max_file_bytes`` and ``max_file_read_bytes``."""
+        if self.max_file_read_bytes is None:
+            return self.max_file_bytes
+        return min(self.max_file_bytes, self.max_file_read_bytes)
+
+    def validate_image(self, image: str) -> None:
+        """Raise :class:`ConfigurationError` (a ``ValueError``) if ``image`` is refused (0.3.0's check).
+
+        See :meth:`check_image`, which returns the reason instead.
+        """
+        reason = self.check_image(image)
+        if reason is not None:
+            raise ConfigurationError(reason)
 
     def check_image(self, image: str) -> str | None:
         """Return why ``image`` is refused, or None if it is acceptable."""

@@ -209,9 +209,9 @@ class SandboxPool:
     def __init__(
         self,
         factory: Callable[[], Sandbox],
-        size: int = 4,
+        size: int = 2,
         *,
-        max_uses: int = 100,
+        max_uses: int = 25,
         acquire_timeout: float = 30.0,
         reset: Literal["destroy", "clean"] = "destroy",
         health_check: bool = True,
@@ -556,9 +556,9 @@ class AsyncSandboxPool:
     def __init__(
         self,
         factory: Callable[[], Awaitable[AsyncSandbox]],
-        size: int = 4,
+        size: int = 2,
         *,
-        max_uses: int = 100,
+        max_uses: int = 25,
         acquire_timeout: float = 30.0,
         reset: Literal["destroy", "clean"] = "destroy",
         health_check: bool = True,

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from . import state as _state
-from .approvals import ApprovalHook
+from ._aliases import either, renamed
+from .approvals import ApprovalHook, command_line
 from .channel.client import Channel, ExecHandle
-from .channel.protocol import RawExit
 from .config import (
     Artifact,
     ExecutionChunk,
@@ -140,7 +140,8 @@ class Sandbox:
             ``security_policy=SecurityPolicy(network=...)``.
         memory, cpus, pids, gpus: resource limits.
         workspace_size, scratch_size: sizes of ``/workspace`` and ``/tmp``
-            (memory-backed, counted against ``memory``).
+            (memory-backed, counted against ``memory``); by default half and
+            an eighth of ``memory``, at most 256m and 64m.
         backend: a backend name (``docker``, ``gvisor``, ``kata`` or a
             plug-in) or a :class:`RuntimeBackend` instance.
         read_only_root: keep the image read-only.
@@ -157,6 +158,8 @@ class Sandbox:
         profile: a profile name (looked up in ``agentnest.yaml``, see
             docs/profiles.md) or a :class:`Profile`; arguments passed
             explicitly override the profile's.
+        runtime: 0.3.0's name of ``image`` (deprecated; 0.3.0 took it as the
+            first positional argument, which ``image`` is).
 
     Raises:
         ConfigurationError: an argument is invalid.
@@ -178,8 +181,8 @@ class Sandbox:
         cpus: float = 1.0,
         pids: int = 256,
         gpus: int = 0,
-        workspace_size: int | str = "256m",
-        scratch_size: int | str = "64m",
+        workspace_size: int | str | None = None,
+        scratch_size: int | str | None = None,
         backend: str | RuntimeBackend = "docker",
         read_only_root: bool = True,
         security_policy: SecurityPolicy | None = None,
@@ -187,7 +190,9 @@ class Sandbox:
         approval_hook: ApprovalHook | None = None,
         verify: bool = False,
         profile: str | Profile | None = None,
+        runtime: str | None = None,
     ) -> None:
+        image = renamed(image, runtime, "image", "runtime", default=None, where="Sandbox()")
         policy = security_policy or SecurityPolicy()
         network = policy.network
         if network_enabled:
@@ -204,6 +209,10 @@ class Sandbox:
             network=network,
             limits=ResourceLimits.build(memory, cpus, pids, workspace_size, scratch_size, gpus),
             read_only_root=read_only_root,
+            seccomp_profile=policy.seccomp_profile,
+            apparmor_profile=policy.apparmor_profile,
+            rootless=policy.rootless,
+            proxy_image=policy.egress_proxy_image,
         )
         self._backend = get_backend(backend) if isinstance(backend, str) else backend
         if not isinstance(self._backend, RuntimeBackend):
@@ -232,6 +241,8 @@ class Sandbox:
                 EventType.SANDBOX_CREATED,
                 {
                     "image": config.image,
+                    # What the engine runs, when an alias mapped the name (AGENTNEST_IMAGE_ALIASES).
+                    "resolved_image": self._handle.info.get("image", config.image),
                     "backend": self._handle.backend,
                     "network": config.network.mode.value,
                 },
@@ -448,22 +459,29 @@ class Sandbox:
 
     def exec(
         self,
-        argv: Sequence[str],
+        command: Sequence[str],
         *,
         timeout: float | None = None,
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
         input: str | bytes | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
+        display_command: str | None = None,
     ) -> ExecutionResult:
-        """Run ``argv`` (no shell) and wait for it.
+        """Run ``command``, an argument vector (no shell), and wait for it.
 
         Args:
-            argv: program and arguments.
+            command: program and arguments.
             timeout: seconds before the command and its whole process tree
                 are killed; ``None`` bounds it only by the sandbox's lifetime.
-            env: extra environment for this command.
-            cwd: working directory inside the workspace.
+            env: extra environment for this command (``environment`` is the
+                same, 0.3.0's name).
+            cwd: working directory inside the workspace, relative or absolute
+                (``workdir`` is the same, 0.3.0's name).
             input: data for the command's stdin.
+            display_command: how ``ExecutionResult.command`` and the audit
+                event name the command (default: the quoted argv).
 
         Returns:
             The :class:`ExecutionResult`; a non-zero exit is not an error.
@@ -472,7 +490,14 @@ class Sandbox:
             ExecutionTimeoutError: the command ran past ``timeout``; ``.result``
                 has the partial output.  The sandbox lives on.
         """
-        handle = self._start(argv, timeout, env, cwd, input)
+        handle = self._start(
+            command,
+            timeout,
+            either(env, environment, "env", "environment"),
+            either(cwd, workdir, "cwd", "workdir"),
+            input,
+            display_command=display_command,
+        )
         out: list[bytes] = []
         err: list[bytes] = []
         try:
@@ -485,8 +510,7 @@ class Sandbox:
             handle.cancel()
             handle.abandon()
             raise
-        assert handle.result is not None
-        return self._result(handle.result, b"".join(out), b"".join(err), handle.truncated, timeout)
+        return self._result(handle, b"".join(out), b"".join(err), timeout)
 
     def exec_shell(
         self,
@@ -496,10 +520,17 @@ class Sandbox:
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
         input: str | bytes | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
     ) -> ExecutionResult:
         """Run ``script`` with ``/bin/sh -c``.  See :meth:`exec`."""
         return self.exec(
-            ["/bin/sh", "-c", _text(script, "script")], timeout=timeout, env=env, cwd=cwd, input=input
+            ["/bin/sh", "-c", _text(script, "script")],
+            timeout=timeout,
+            env=either(env, environment, "env", "environment"),
+            cwd=either(cwd, workdir, "cwd", "workdir"),
+            input=input,
+            display_command=script,
         )
 
     def exec_python(
@@ -510,6 +541,8 @@ class Sandbox:
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
         input: str | bytes | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
     ) -> ExecutionResult:
         """Run Python ``code`` in a fresh ``python3`` process.  See :meth:`exec`.
 
@@ -517,14 +550,30 @@ class Sandbox:
         (then ``input`` must be None).
         """
         code = _text(code, "code")
+        env = either(env, environment, "env", "environment")
+        cwd = either(cwd, workdir, "cwd", "workdir")
         if len(code.encode("utf-8", "surrogateescape")) > _MAX_INLINE_CODE:
             if input is not None:
                 raise ConfigurationError(
                     "code longer than 100 KiB is sent on stdin, so input= cannot be used with it; "
                     "write the code to a file with write_file and run it instead"
                 )
-            return self.exec(["python3", "-"], timeout=timeout, env=env, cwd=cwd, input=code)
-        return self.exec(self._python_argv(code), timeout=timeout, env=env, cwd=cwd, input=input)
+            return self.exec(
+                ["python3", "-"],
+                timeout=timeout,
+                env=env,
+                cwd=cwd,
+                input=code,
+                display_command="python -c <code>",
+            )
+        return self.exec(
+            self._python_argv(code),
+            timeout=timeout,
+            env=env,
+            cwd=cwd,
+            input=input,
+            display_command="python -c <code>",
+        )
 
     def run_code(
         self, code: str, language: str = "python", *, timeout: float | None = None
@@ -536,15 +585,29 @@ class Sandbox:
             return self.exec_shell(code, timeout=timeout)
         raise ConfigurationError(f"language {language!r} is not supported; use 'python' or 'shell'")
 
-    def exec_json(self, code: str, *, timeout: float | None = None) -> Any:
-        """Run Python ``code`` that prints one JSON document; return it parsed."""
-        result = self.exec_python(code, timeout=timeout).check()
+    def exec_json(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str | Secret] | None = None,
+        cwd: str | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
+    ) -> Any:
+        """Run Python ``code`` that prints one JSON document; return it parsed.  See :meth:`exec`."""
+        result = self.exec_python(
+            code,
+            timeout=timeout,
+            env=either(env, environment, "env", "environment"),
+            cwd=either(cwd, workdir, "cwd", "workdir"),
+        ).check()
         try:
             return json.loads(result.stdout)
         except ValueError as exc:
             raise ExecutionError(f"the code's stdout is not JSON: {exc}", result) from None
 
-    def python_session(self) -> PythonSession:
+    def python_session(self, *, start_timeout: float = 30.0) -> PythonSession:
         """Start a persistent Python interpreter in the sandbox.
 
         Variables, imports and open handles live across its ``run()`` calls;
@@ -557,13 +620,18 @@ class Sandbox:
                 session.run("import json; x = 41")
                 print(session.run("x + 1").check().result)   # "42"
 
+        Args:
+            start_timeout: seconds the interpreter may take to start.
+
         Raises:
             SessionLostError: the interpreter could not start.
 
         .. versionchanged:: 0.4.0
            Served by the in-sandbox agent (0.3.0 polled files in the workspace).
         """
-        return PythonSession(self)
+        session = PythonSession(self, start_timeout=start_timeout)
+        session.start()
+        return session
 
     def stream_exec(
         self,
@@ -573,15 +641,26 @@ class Sandbox:
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
         input: str | bytes | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
+        display_command: str | None = None,
     ) -> ExecutionStream:
-        """Run ``argv`` and iterate over its output as it arrives.
+        """Run ``argv`` and iterate over its output as it arrives.  Arguments as for :meth:`exec`.
 
         Returns an :class:`ExecutionStream`: iterate it for
-        :class:`ExecutionChunk` items; ``.result`` holds the
+        :class:`ExecutionChunk` items, the last of which is a ``"status"``
+        chunk with the ``exit_code``; ``.result`` holds the
         :class:`ExecutionResult` afterwards.  Leaving the iteration early
         (or ``close()``) kills the command's process tree.
         """
-        handle = self._start(argv, timeout, env, cwd, input)
+        handle = self._start(
+            argv,
+            timeout,
+            either(env, environment, "env", "environment"),
+            either(cwd, workdir, "cwd", "workdir"),
+            input,
+            display_command=display_command,
+        )
         return ExecutionStream(self, handle, timeout)
 
     def stream_shell(
@@ -591,9 +670,17 @@ class Sandbox:
         timeout: float | None = None,
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
     ) -> ExecutionStream:
         """Stream ``/bin/sh -c script``.  See :meth:`stream_exec`."""
-        return self.stream_exec(["/bin/sh", "-c", _text(script, "script")], timeout=timeout, env=env, cwd=cwd)
+        return self.stream_exec(
+            ["/bin/sh", "-c", _text(script, "script")],
+            timeout=timeout,
+            env=either(env, environment, "env", "environment"),
+            cwd=either(cwd, workdir, "cwd", "workdir"),
+            display_command=script,
+        )
 
     def stream_python(
         self,
@@ -602,9 +689,17 @@ class Sandbox:
         timeout: float | None = None,
         env: Mapping[str, str | Secret] | None = None,
         cwd: str | None = None,
+        environment: Mapping[str, str | Secret] | None = None,
+        workdir: str | None = None,
     ) -> ExecutionStream:
         """Stream ``python3 -c code``.  See :meth:`stream_exec`."""
-        return self.stream_exec(self._python_argv(code), timeout=timeout, env=env, cwd=cwd)
+        return self.stream_exec(
+            self._python_argv(code),
+            timeout=timeout,
+            env=either(env, environment, "env", "environment"),
+            cwd=either(cwd, workdir, "cwd", "workdir"),
+            display_command="python -c <code>",
+        )
 
     def _python_argv(self, code: str) -> list[str]:
         return ["python3", "-c", _text(code, "code")]
@@ -620,6 +715,7 @@ class Sandbox:
         keep_stdin_open: bool = False,
         pty: tuple[int, int] | None = None,
         max_output: int | None = None,
+        display_command: str | None = None,
     ) -> ExecHandle:
         """Start a command through the guard (approval, audit event).
 
@@ -630,9 +726,13 @@ class Sandbox:
         if input is not None and not isinstance(input, (str, bytes)):
             raise ConfigurationError("input must be str, bytes or None")
         data = input.encode("utf-8") if isinstance(input, str) else input
-        args, call_env, workdir, timeout = self._guard.exec_request(argv, timeout=timeout, env=env, cwd=cwd)
+        if display_command is not None and not isinstance(display_command, str):
+            raise ConfigurationError("display_command must be a str or None")
+        args, call_env, workdir, timeout = self._guard.exec_request(
+            argv, timeout=timeout, env=env, cwd=cwd, display_command=display_command
+        )
         try:
-            return self._ch().start_exec(
+            handle = self._ch().start_exec(
                 args,
                 env=call_env,
                 cwd=workdir,
@@ -644,6 +744,8 @@ class Sandbox:
             )
         except ChannelError as exc:
             raise self._lost(exc) from None
+        handle.label = display_command if display_command is not None else command_line(args)
+        return handle
 
     def _wait_deadline(self, timeout: float | None) -> float:
         sandbox_end = self._mono_deadline + _BACKSTOP_GRACE
@@ -652,9 +754,10 @@ class Sandbox:
         return min(time.monotonic() + timeout + _BACKSTOP_GRACE, sandbox_end)
 
     def _result(
-        self, raw: RawExit, stdout: bytes, stderr: bytes, truncated: bool, timeout: float | None
+        self, handle: ExecHandle, stdout: bytes, stderr: bytes, timeout: float | None
     ) -> ExecutionResult:
-        result = self._guard.finish_exec(raw, stdout, stderr, truncated)
+        assert handle.result is not None
+        result = self._guard.finish_exec(handle.result, stdout, stderr, handle.truncated, handle.label)
         if result.timed_out:
             raise ExecutionTimeoutError(
                 f"command timed out after {timeout}s; it was killed with its process tree "
@@ -668,20 +771,29 @@ class Sandbox:
     def _file_deadline(self, size: int = 0) -> float:
         return time.monotonic() + _FILE_BASE_WAIT + _FILE_WAIT_PER_MIB * size / 2**20
 
-    def write_file(self, path: str, data: str | bytes, *, mode: int = 0o644) -> None:
-        """Write ``data`` to ``path`` in the workspace (atomically; parents created).
+    def write_file(
+        self, path: str, content: str | bytes, *, encoding: str = "utf-8", mode: int = 0o644
+    ) -> None:
+        """Write ``content`` to ``path`` in the workspace (atomically; parents created).
+
+        ``str`` content is encoded with ``encoding``; ``mode`` sets the permission bits.
 
         Raises:
             FileAccessError: the path is outside the workspace, crosses a
                 symlink, or the write failed (e.g. the workspace is full).
         """
         rel = self._guard.workspace_path(path)
-        if isinstance(data, str):
-            payload = data.encode("utf-8")
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            payload = bytes(data)
+        if isinstance(content, str):
+            try:
+                payload = content.encode(encoding)
+            except LookupError:
+                raise ConfigurationError(f"unknown encoding {encoding!r}") from None
+            except UnicodeEncodeError as exc:
+                raise ConfigurationError(f"content cannot be encoded as {encoding}: {exc.reason}") from None
+        elif isinstance(content, (bytes, bytearray, memoryview)):
+            payload = bytes(content)
         else:
-            raise ConfigurationError(f"data must be str or bytes, not {type(data).__name__}")
+            raise ConfigurationError(f"content must be str or bytes, not {type(content).__name__}")
         if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
             raise ConfigurationError(f"mode={mode!r} must be permission bits such as 0o644")
         limit = self._guard.policy.max_file_bytes
@@ -699,7 +811,15 @@ class Sandbox:
             raise self._lost(exc) from None
         self._guard.emit(EventType.FILE_WRITTEN, {"path": rel, "size": len(payload)})
 
-    def read_file(self, path: str, encoding: str | None = "utf-8") -> Any:
+    @overload
+    def read_file(self, path: str) -> str: ...
+    @overload
+    def read_file(self, path: str, encoding: str) -> str: ...
+    @overload
+    def read_file(self, path: str, encoding: None) -> bytes: ...
+    @overload
+    def read_file(self, path: str, *, encoding: str | None) -> str | bytes: ...
+    def read_file(self, path: str, encoding: str | None = "utf-8") -> str | bytes:
         """Read a workspace file: ``str`` (decoded), or ``bytes`` with ``encoding=None``.
 
         Secrets in the content are redacted in the ``str`` form.
@@ -710,7 +830,7 @@ class Sandbox:
         """
         rel = self._guard.workspace_path(path)
         self._guard.approve("file.read", {"path": self._guard.absolute(rel)})
-        limit = self._guard.policy.max_file_bytes
+        limit = self._guard.policy.read_limit
         try:
             data = self._ch().read_file(rel, limit, self._file_deadline(limit))
         except ChannelError as exc:
@@ -772,14 +892,25 @@ class Sandbox:
         self._request({"t": "remove", "path": rel, "recursive": bool(recursive)})
         self._guard.emit(EventType.FILE_REMOVED, {"path": rel})
 
-    def upload_file(self, local_path: str | os.PathLike[str], remote_path: str) -> None:
-        """Copy a host file into the workspace."""
-        self.write_file(remote_path, Path(local_path).read_bytes())
+    def upload_file(self, source: str | os.PathLike[str], destination: str | None = None) -> None:
+        """Copy the host file ``source`` into the workspace, to ``destination`` (default: its name)."""
+        local = Path(source)
+        try:
+            data = local.read_bytes()
+        except OSError as exc:
+            raise FileAccessError(
+                f"cannot read {str(local)!r} on the host: {exc.strerror}", path=str(local)
+            ) from None
+        self.write_file(destination if destination is not None else local.name, data)
 
-    def download_file(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
-        """Copy a workspace file to the host (written atomically)."""
-        data = self.read_file(remote_path, encoding=None)
-        target = Path(local_path)
+    def download_file(self, source: str, destination: str | os.PathLike[str]) -> None:
+        """Copy the workspace file ``source`` to ``destination`` on the host.
+
+        Parent directories are created; the file is written atomically.
+        """
+        data = self.read_file(source, encoding=None)
+        target = Path(destination)
+        target.parent.mkdir(parents=True, exist_ok=True)  # as 0.3.0 did
         tmp = target.with_name(f".{target.name}.agentnest-{os.getpid()}.tmp")
         tmp.write_bytes(data)
         tmp.replace(target)
@@ -817,14 +948,14 @@ class Sandbox:
         """
         return _state.fork(self, timeout=timeout)
 
-    def snapshot(self, path: str | os.PathLike[str], *, compress: bool = False) -> SnapshotMetadata:
-        """Save the workspace to ``path`` on the host as a tar with metadata.
+    def snapshot(self, destination: str | os.PathLike[str], *, compress: bool = False) -> SnapshotMetadata:
+        """Save the workspace to ``destination`` on the host as a tar with metadata.
 
         The file is a POSIX tar (gzip with ``compress=True``) of the
         workspace below ``workspace/``, ending with an
         ``agentnest-snapshot.json`` member (image, time, counts and the
         payload's SHA-256); sparse files stay sparse.  It is written to a
-        temporary file next to ``path`` and renamed into place.  The returned
+        temporary file next to ``destination`` and renamed into place.  The returned
         :class:`SnapshotMetadata` has the file's ``size`` and ``sha256`` (as
         in 0.3.0) and what the metadata member records.  docs/state.md has
         the format.
@@ -836,10 +967,10 @@ class Sandbox:
 
         .. versionadded:: 0.4.0
         """
-        return _state.snapshot(self, path, compress=compress)
+        return _state.snapshot(self, destination, compress=compress)
 
-    def restore(self, path: str | os.PathLike[str]) -> SnapshotMetadata:
-        """Replace the workspace's contents with a snapshot's.
+    def restore(self, source: str | os.PathLike[str]) -> SnapshotMetadata:
+        """Replace the workspace's contents with those of the snapshot file ``source``.
 
         Every member is checked on the host and again in the sandbox (no
         absolute paths, no ``..``, no links out, no devices, bounded size
@@ -854,7 +985,7 @@ class Sandbox:
 
         .. versionadded:: 0.4.0
         """
-        return _state.restore(self, path)
+        return _state.restore(self, source)
 
     @classmethod
     def from_snapshot(
@@ -1021,13 +1152,8 @@ class ExecutionStream:
             self.close()
             raise
         yield from self._decoder.flush()
-        self.result = sandbox._result(
-            self._handle.result,
-            b"".join(self._out),
-            b"".join(self._err),
-            self._handle.truncated,
-            self._timeout,
-        )
+        self.result = sandbox._result(self._handle, b"".join(self._out), b"".join(self._err), self._timeout)
+        yield ExecutionChunk("status", exit_code=self.result.exit_code)
 
     def close(self) -> None:
         """Kill the command's process tree if it still runs."""

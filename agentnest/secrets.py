@@ -45,15 +45,22 @@ class Secret:
     __slots__ = ("_value", "as_file")
 
     def __init__(self, value: str, *, as_file: bool = False) -> None:
-        if not isinstance(value, str) or not value:
+        given: object = value  # callers may pass anything
+        if not isinstance(given, str):
             from .errors import ConfigurationError
 
-            raise ConfigurationError("Secret needs a non-empty str value")
+            raise ConfigurationError(f"Secret needs a str value, not {type(given).__name__}")
+        # An empty value is accepted (0.3.0 did) and has nothing to redact.
         self._value = value
         self.as_file = bool(as_file)
 
     def get_secret_value(self) -> str:
         """The raw value (only for injecting it)."""
+        return self._value
+
+    @property
+    def value(self) -> str:
+        """The raw value: 0.3.0's name of :meth:`get_secret_value`."""
         return self._value
 
     def __repr__(self) -> str:

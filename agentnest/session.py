@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["DisplayItem", "PythonSession", "SessionResult", "SessionStream"]
 
 #: How long opening, resetting or closing a session may take.
-_OPEN_WAIT = 60.0
 _CLOSE_WAIT = 10.0
 #: Extra time the host waits past a run's timeout (and the interrupt grace)
 #: for the agent to report, before it declares the agent hung.
@@ -157,7 +156,21 @@ class PythonSession:
     .. versionadded:: 0.4.0
     """
 
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: Sandbox, *, start_timeout: float = 30.0) -> None:
+        """Prepare a session; the interpreter starts with :meth:`start` or the first run.
+
+        Args:
+            sandbox: the sandbox it runs in.
+            start_timeout: seconds the interpreter may take to start.
+        """
+        if (
+            isinstance(start_timeout, bool)
+            or not isinstance(start_timeout, (int, float))
+            or not math.isfinite(start_timeout)
+            or start_timeout <= 0
+        ):
+            raise ConfigurationError(f"start_timeout={start_timeout!r} must be a positive number of seconds")
+        self._start_timeout = float(start_timeout)
         self._sandbox = sandbox
         self._guard = sandbox._guard
         self._id = uuid.uuid4().hex[:12]
@@ -168,7 +181,20 @@ class PythonSession:
         self._current: SessionRunHandle | None = None
         self._channel: Channel | None = None
         self._info: SessionInfo | None = None
-        self._open(reset=False)
+
+    def start(self) -> None:
+        """Start the interpreter now (the first run starts it otherwise).  Idempotent.
+
+        Raises:
+            SessionLostError: the interpreter could not start, or the session is closed.
+        """
+        if self._closed:
+            raise SessionLostError(f"session {self._id} is closed; open a new one with python_session()")
+        if self._info is not None:
+            return
+        with self._busy:
+            if self._info is None:
+                self._open(reset=False)
 
     # -- properties ------------------------------------------------------------
 
@@ -190,7 +216,7 @@ class PythonSession:
 
     # -- running code ----------------------------------------------------------
 
-    def run(self, code: str, *, timeout: float | None = None) -> SessionResult:
+    def run(self, code: str, *, timeout: float | None = 30.0) -> SessionResult:
         """Run ``code`` in the session and wait for it.
 
         Args:
@@ -198,8 +224,8 @@ class PythonSession:
                 ``repr()`` of its value comes back as ``result``.
                 Top-level ``await`` works.
             timeout: seconds before the code is interrupted
-                (``KeyboardInterrupt``); ``None`` bounds it only by the
-                sandbox's lifetime.
+                (``KeyboardInterrupt``), 30 by default as in 0.3.0; ``None``
+                bounds it only by the sandbox's lifetime.
 
         Returns:
             The :class:`SessionResult`; an exception in the code is not an
@@ -320,7 +346,7 @@ class PythonSession:
         ch = sandbox._ch()
         if ch.hello is None or "session" not in ch.hello.capabilities:
             raise UnsupportedCapabilityError("this sandbox's agent does not offer Python sessions")
-        deadline = time.monotonic() + _OPEN_WAIT
+        deadline = time.monotonic() + self._start_timeout
         # Restart in place when the same agent still knows the session;
         # after an agent restart, start a new one on the new agent.
         same = reset and ch is self._channel and self._info is not None
@@ -343,6 +369,8 @@ class PythonSession:
                 f"session {self._id} lost its interpreter earlier ({self._lost}); "
                 "its variables are gone, call reset() to start a fresh one"
             )
+        if self._info is None:  # not started yet (0.3.0 started on first use too)
+            self._open(reset=False)
         ch = self._sandbox._ch()
         if ch is not self._channel:
             raise self._mark_lost(

@@ -1849,7 +1849,7 @@ def _metadata(doc: dict[str, Any], path: Path, size: int, sha256: str, compresse
         path=path,
         size=size,
         sha256=sha256,
-        created=float(doc["created"]),
+        created_at=float(doc["created"]),
         image=doc["image"],
         files=doc["files"],
         entries=doc["entries"],

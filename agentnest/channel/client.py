@@ -511,6 +511,8 @@ class ExecHandle:
         self._since = time.monotonic()
         self.truncated = False
         self.result: RawExit | None = None
+        #: How results and events name the command (set by the caller).
+        self.label = ""
 
     @property
     def id(self) -> int:

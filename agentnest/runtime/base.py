@@ -53,6 +53,14 @@ class Capability(str, enum.Enum):
     FORK = "fork"
     SNAPSHOT = "snapshot"
     PAUSE = "pause"
+    SECURITY_PROFILES = "security-profiles"
+    """Applies a policy's own seccomp or AppArmor profile (and refuses one it cannot).
+
+    .. versionadded:: 0.4.0"""
+    ROOTLESS = "rootless"
+    """Can tell whether its engine is rootless, for ``SecurityPolicy(rootless=True)``.
+
+    .. versionadded:: 0.4.0"""
 
 
 @dataclass

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, RuntimeNotAvailableError
 from .base import RuntimeBackend
 
 ENTRY_POINT_GROUP = "agentnest.backends"
@@ -38,7 +38,22 @@ def _remote() -> RuntimeBackend:
     return RemoteBackend()  # $AGENTNEST_REMOTE_URL, $AGENTNEST_REMOTE_TOKEN, $AGENTNEST_REMOTE_BACKEND
 
 
-BUILTIN: dict[str, BackendFactory] = {"docker": _docker, "gvisor": _gvisor, "kata": _kata, "remote": _remote}
+def _kubernetes() -> RuntimeBackend:
+    # 0.3.0 registered this name (an untested backend); ours answers it with
+    # the fix instead of "unknown backend" (docs/compat.md).
+    raise RuntimeNotAvailableError(
+        "the Kubernetes backend is not in this version of AgentNest (0.3.0's was never tested); "
+        "run `agentnest serve` on a Docker host and use backend='remote', or backend='gvisor' locally"
+    )
+
+
+BUILTIN: dict[str, BackendFactory] = {
+    "docker": _docker,
+    "gvisor": _gvisor,
+    "kata": _kata,
+    "kubernetes": _kubernetes,
+    "remote": _remote,
+}
 """Built-in backends: Docker with runc, runsc (gVisor) or kata-runtime; an ``agentnest serve`` server."""
 
 _shared: dict[str, RuntimeBackend] = {}

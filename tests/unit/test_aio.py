@@ -303,14 +303,15 @@ async def test_stream_is_incremental(sandbox: AsyncSandbox) -> None:
         if chunk.data == "first\n":
             await sandbox.write_file("go", "")
     assert chunks[0] == ExecutionChunk("stdout", "first\n")
-    assert sorted((c.stream, c.data) for c in chunks[1:]) == [("stderr", "second\n"), ("stdout", "third\n")]
+    assert sorted((c.stream, c.data) for c in chunks[1:-1]) == [("stderr", "second\n"), ("stdout", "third\n")]
+    assert chunks[-1] == ExecutionChunk("status", exit_code=0)  # the last one, as in 0.3.0
     assert stream.result is not None and stream.result.ok
     assert (stream.result.stdout, stream.result.stderr) == ("first\nthird\n", "second\n")
 
 
 async def test_stream_exec_and_python(sandbox: AsyncSandbox) -> None:
-    texts = [c.data async for c in sandbox.stream_exec(["printf", "a"])]
-    assert texts == ["a"]
+    chunks = [(c.stream, c.data, c.exit_code) async for c in sandbox.stream_exec(["printf", "a"])]
+    assert chunks == [("stdout", "a", None), ("status", "", 0)]
     stream = sandbox.stream_python("print(6 * 7)")
     assert "".join([c.data async for c in stream]) == "42\n"
     assert stream.result is not None and stream.result.stdout == "42\n"

@@ -24,7 +24,8 @@ from agentnest.events import OpenTelemetryObserver
 def event(
     kind: EventType = EventType.EXEC_STARTED, sandbox: str = "sb1", when: float = 1000.0, **data: Any
 ) -> SandboxEvent:
-    return SandboxEvent(kind, sandbox, data, time=when)
+    # A fixed id: records compare equal when their content does.
+    return SandboxEvent(kind, sandbox, timestamp=when, attributes=data, event_id=f"{kind.value}@{when}")
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

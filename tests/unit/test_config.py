@@ -110,7 +110,7 @@ def test_build_parses_sizes() -> None:
 
 
 @pytest.mark.parametrize(
-    "memory", [16 * MiB, 32 * MiB - 1, 1025 * GiB, 2 * TiB, -1, 0, True, "512m", 512.0 * MiB], ids=repr
+    "memory", [16 * MiB, 32 * MiB - 1, 1025 * GiB, 2 * TiB, -1, 0, True, "1p", 512.0 * MiB], ids=repr
 )
 def test_memory_out_of_range(memory: Any) -> None:
     with refused("memory"):
@@ -339,7 +339,13 @@ def test_config_is_frozen_and_replace_revalidates() -> None:
 
 
 def result(**changes: Any) -> ExecutionResult:
-    fields: dict[str, Any] = {"stdout": "out\n", "stderr": "", "exit_code": 0, "duration": 0.5}
+    fields: dict[str, Any] = {
+        "command": "true",
+        "stdout": "out\n",
+        "stderr": "",
+        "exit_code": 0,
+        "duration": 0.5,
+    }
     fields.update(changes)
     return ExecutionResult(**fields)
 

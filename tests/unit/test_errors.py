@@ -37,7 +37,7 @@ def test_policy_denied_is_not_a_value_error() -> None:
 
 
 def test_errors_carry_their_subject() -> None:
-    result = ExecutionResult("", "boom", 1, 0.1)
+    result = ExecutionResult("false", 1, "", "boom", 0.1)  # 0.3.0's positional order
     assert errors.ExecutionError("failed", result).result is result
     assert errors.ExecutionTimeoutError("slow", result).result is result
     denied = errors.PolicyDeniedError("no", request={"kind": "exec"})

@@ -57,8 +57,8 @@ def test_secret_has_no_dict_to_leak() -> None:
     assert not hasattr(Secret(VALUE), "__dict__")
 
 
-@pytest.mark.parametrize("value", ["", None, 5, b"bytes"], ids=repr)
-def test_secret_needs_a_non_empty_str(value: object) -> None:
+@pytest.mark.parametrize("value", [None, 5, b"bytes"], ids=repr)
+def test_secret_needs_a_str(value: object) -> None:
     with pytest.raises(ConfigurationError):
         Secret(value)  # type: ignore[arg-type]
 
@@ -232,7 +232,13 @@ def test_stream_matches_one_shot_redaction_for_any_chunking() -> None:
 
 def test_errors_are_agentnest_errors() -> None:
     with pytest.raises(AgentNestError):
-        Secret("")
+        Secret(b"bytes")  # type: ignore[arg-type]
+
+
+def test_an_empty_secret_is_accepted_and_redacts_nothing() -> None:
+    """0.3.0 took ``Secret("")``; there is nothing to redact, and nothing else is touched."""
+    assert Secret("").value == ""
+    assert redact("text stays", expand(("",))) == "text stays"
 
 
 # -- encoded forms (docs/secrets.md promises exactly these) ------------------------------

@@ -22,12 +22,14 @@ security choice, explained where it is set):
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +46,7 @@ from ...errors import (
 from ...policy import NetworkMode
 from .. import bootstrap
 from ..base import Capability, RuntimeBackend, SandboxHandle
-from . import egress, labels, seccomp
+from . import egress, images, labels, seccomp
 
 if TYPE_CHECKING:
     import docker
@@ -85,9 +87,12 @@ class DockerSpec:
             ``runsc`` (registered with ``--network=none``), which becomes
             ``runsc-host`` (``--network=host`` inside the container's own
             network namespace, as ``make engine`` registers it).
+        image_aliases: requested image -> local image the engine runs instead
+            (the policy judges the requested one); ``None`` reads
+            ``$AGENTNEST_IMAGE_ALIASES`` at each create (see :mod:`.images`).
 
-    .. versionchanged:: 0.4.0 the ``egress_*``, ``proxy_*`` and
-       ``network_oci_runtime`` fields.
+    .. versionchanged:: 0.4.0 the ``egress_*``, ``proxy_*``,
+       ``network_oci_runtime`` and ``image_aliases`` fields.
     """
 
     type: str = "docker"
@@ -102,6 +107,7 @@ class DockerSpec:
     proxy_image: str | None = None
     proxy_oci_runtime: str = "runc"
     network_oci_runtime: str | None = None
+    image_aliases: Mapping[str, str] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         from ...egress.proxy import Rules
@@ -114,6 +120,8 @@ class DockerSpec:
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"egress_hosts: {exc}; use {{'name.example': '10.0.0.5'}}") from None
         object.__setattr__(self, "egress_hosts", MappingProxyType(dict(hosts)))
+        if self.image_aliases is not None:
+            object.__setattr__(self, "image_aliases", images.checked_image_aliases(self.image_aliases))
 
     def allowlist_oci_runtime(self) -> str:
         """The OCI runtime an allowlisted sandbox runs with (see ``network_oci_runtime``)."""
@@ -238,6 +246,10 @@ class DockerBackend(RuntimeBackend):
             Capability.FORK,
             Capability.SNAPSHOT,
             Capability.EXTEND,
+            # A policy's own seccomp/AppArmor profile, and the rootless check
+            # (answered from the engine's own report; see _check_confinement).
+            Capability.SECURITY_PROFILES,
+            Capability.ROOTLESS,
         }
         if self.spec.oci_runtime == "runc":
             caps.add(Capability.NETWORK_OPEN)
@@ -262,6 +274,8 @@ class DockerBackend(RuntimeBackend):
             )
         oci_runtime = self.spec.allowlist_oci_runtime() if allowlist else self.spec.oci_runtime
         self.check_runtime(oci_runtime)
+        self._check_confinement(config)
+        config, image_info = images.resolve_image(config, self.spec.image_aliases)  # the alias, if any
         self._ensure_image(config.image)
         sandbox_id = os.urandom(6).hex()
         created = time.time()
@@ -276,6 +290,7 @@ class DockerBackend(RuntimeBackend):
             if topology is not None:
                 self._teardown_egress(topology, proxy_start)
             raise
+        handle.info.update(image_info)
         if topology is not None:
             handle.info["egress_topology"] = topology
             handle.info["egress"] = topology.log
@@ -288,6 +303,37 @@ class DockerBackend(RuntimeBackend):
                 raise
         return handle
 
+    def _check_confinement(self, config: SandboxConfig) -> None:
+        """Refuse, before anything exists, confinement settings this engine cannot honour.
+
+        Fail closed: 0.3.0 passed these to the engine and hoped; a setting
+        that cannot take effect refuses the sandbox here.
+        """
+        options = [str(o) for o in self.engine_info().get("SecurityOptions") or ()]
+        if config.rootless and not any("name=rootless" in o for o in options):
+            raise UnsupportedCapabilityError(
+                "the security policy requires a rootless Docker engine (rootless=True) and this engine "
+                "runs as root; run the engine rootless (dockerd-rootless-setuptool.sh) or drop "
+                "rootless=True; no sandbox was created"
+            )
+        if config.apparmor_profile is not None and not any("name=apparmor" in o for o in options):
+            raise UnsupportedCapabilityError(
+                f"the security policy asks for AppArmor profile {config.apparmor_profile!r}, but this "
+                "engine's host has no AppArmor (the engine does not report it); use a host with AppArmor "
+                "or drop apparmor_profile; no sandbox was created"
+            )
+        _custom_seccomp(config)  # unreadable or malformed: refused now, not by the engine
+
+    def _security_opt(self, config: SandboxConfig) -> list[str]:
+        custom = _custom_seccomp(config)
+        opts = [
+            "no-new-privileges:true",
+            f"seccomp={custom or seccomp.profile_json(self._arch(), gvisor=self._is_gvisor())}",
+        ]
+        if config.apparmor_profile is not None:
+            opts.append(f"apparmor={config.apparmor_profile}")
+        return opts
+
     def _start_egress(
         self, config: SandboxConfig, sandbox_id: str, created: float, deadline: float
     ) -> tuple[egress.EgressTopology, _Background]:
@@ -295,7 +341,7 @@ class DockerBackend(RuntimeBackend):
         from .images import base_image
 
         self.check_runtime(self.spec.proxy_oci_runtime)
-        proxy_image = self.spec.proxy_image or base_image()
+        proxy_image = config.proxy_image or self.spec.proxy_image or base_image()
         self._ensure_image(proxy_image)
         topology = egress.EgressTopology(
             self.api,
@@ -371,10 +417,7 @@ class DockerBackend(RuntimeBackend):
             },
             # No capability at all, and no way to gain one through setuid binaries.
             cap_drop=["ALL"],
-            security_opt=[
-                "no-new-privileges:true",
-                f"seccomp={seccomp.profile_json(self._arch(), gvisor=self._is_gvisor())}",
-            ],
+            security_opt=self._security_opt(config),
             network_mode=self._network_mode(config, topology),
             # With an allowlist, the embedded resolver's only upstream is the
             # proxy's address, where nothing answers DNS: a query for any
@@ -672,3 +715,29 @@ def _raw_socket(obj: Any) -> socket.socket:
     if not isinstance(sock, socket.socket):
         raise BackendError(f"unexpected attach stream type {type(sock).__name__}")
     return sock
+
+
+def _custom_seccomp(config: SandboxConfig) -> str | None:
+    """The policy's own seccomp profile as compact JSON, or None for AgentNest's."""
+    profile = config.seccomp_profile
+    if profile is None:
+        return None
+    text = profile
+    if not profile.lstrip().startswith("{"):
+        # A path on this host, as `docker run --security-opt seccomp=FILE` reads it.
+        try:
+            text = Path(profile).expanduser().read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigurationError(
+                f"seccomp_profile {profile!r} cannot be read ({exc.strerror}); give a path to a "
+                "seccomp JSON file or the JSON itself"
+            ) from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"seccomp_profile is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or "defaultAction" not in doc:
+        raise ConfigurationError(
+            "seccomp_profile must be a Docker seccomp profile (a JSON object with 'defaultAction')"
+        )
+    return json.dumps(doc, separators=(",", ":"))
