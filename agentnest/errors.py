@@ -18,6 +18,7 @@ Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
      ├── ExecutionError              a command failed; ``.result`` holds its output
      │    └── ExecutionTimeoutError  (also TimeoutError) it ran past its timeout
      ├── FileAccessError             a file operation was refused or failed
+     │    └── FileTooLargeError      (also ValueError, as 0.3.0 raised) over a size limit
      ├── SnapshotError               a snapshot or fork stream was refused (``.member``, ``.rule``)
      ├── PoolExhaustedError          no pooled sandbox became free in time
      ├── PoolFactoryError            a pool's factory failed; ``__cause__`` is why
@@ -147,6 +148,18 @@ class FileAccessError(AgentNestError):
         self.code = code
 
 
+class FileTooLargeError(FileAccessError, ValueError):
+    """A file is over ``max_file_bytes`` / ``max_file_read_bytes`` (code ``too_large``).
+
+    Also a ``ValueError``: 0.3.0 raised one for a read over its limit.
+
+    .. versionadded:: 0.4.0
+    """
+
+    def __init__(self, message: str, path: str | None = None, code: str = "too_large") -> None:
+        super().__init__(message, path=path, code=code)
+
+
 class SnapshotError(AgentNestError):
     """A snapshot, restore, fork or download stream was refused or is broken.
 
@@ -230,6 +243,7 @@ __all__ = [
     "ExecutionError",
     "ExecutionTimeoutError",
     "FileAccessError",
+    "FileTooLargeError",
     "ImageNotFoundError",
     "MissingDependencyError",
     "PolicyDeniedError",

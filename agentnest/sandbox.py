@@ -35,6 +35,7 @@ from .errors import (
     ExecutionError,
     ExecutionTimeoutError,
     FileAccessError,
+    FileTooLargeError,
     SandboxDestroyedError,
     VerificationError,
 )
@@ -798,11 +799,10 @@ class Sandbox:
             raise ConfigurationError(f"mode={mode!r} must be permission bits such as 0o644")
         limit = self._guard.policy.max_file_bytes
         if len(payload) > limit:
-            raise FileAccessError(
+            raise FileTooLargeError(
                 f"{path!r}: {len(payload)} bytes exceeds max_file_bytes={limit}; "
                 "raise it in the SecurityPolicy",
                 path=path,
-                code="too_large",
             )
         self._guard.approve("file.write", {"path": self._guard.absolute(rel), "size": len(payload)})
         try:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..errors import ChannelError, FileAccessError, SessionLostError
+from ..errors import ChannelError, FileAccessError, FileTooLargeError, SessionLostError
 from .protocol import (
     MAX_DISPLAY_ITEMS,
     Frame,
@@ -489,6 +489,8 @@ def _raise_if_error(header: Header, path: str | None) -> None:
     code, message = error_fields(header)
     if code in ("protocol", "internal", "unknown", "invalid"):
         raise ChannelError(f"the agent refused the request ({code}): {message}")
+    if code == "too_large":
+        raise FileTooLargeError(message, path=path)
     raise FileAccessError(message, path=path, code=code)
 
 

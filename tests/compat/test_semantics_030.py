@@ -118,6 +118,18 @@ def test_files_with_030_names(sb: Sandbox, tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
+def test_a_read_over_max_file_read_bytes_is_a_value_error() -> None:
+    """0.3.0 raised ValueError for a read over its limit; ours' FileTooLargeError is one too."""
+    policy = SecurityPolicy(max_file_read_bytes=1024)
+    with Sandbox(security_policy=policy, timeout=120) as sandbox:
+        sandbox.write_file("big.bin", b"x" * 4096)  # writes are bounded by max_file_bytes
+        with pytest.raises(ValueError, match=r"big\.bin"):
+            sandbox.read_file("big.bin", encoding=None)
+        sandbox.write_file("small.txt", "ok")
+        assert sandbox.read_file("small.txt") == "ok"
+
+
+@pytest.mark.docker
 def test_sessions_start_as_in_030(sb: Sandbox) -> None:
     session = sb.python_session(start_timeout=30)
     assert session.pid is not None  # python_session() starts it, as 0.3.0 did
