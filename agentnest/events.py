@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol, Union
 
 # The file and OpenTelemetry sinks live in audit.py (re-exported here: every sink in one place).
 from .audit import JsonLogObserver, OpenTelemetryObserver
@@ -105,9 +105,14 @@ class SandboxEvent:
         }
 
 
-Observer = Callable[[SandboxEvent], Any]
-"""Anything that takes events: a callable, or (as in 0.3.0) an object with an
-``emit(event)`` method."""
+class EventObserver(Protocol):
+    """0.3.0's observer protocol: an object with an ``emit(event)`` method."""
+
+    def emit(self, event: SandboxEvent) -> Any: ...
+
+
+Observer = Union[Callable[[SandboxEvent], Any], EventObserver]  # noqa: UP007 (a runtime alias on 3.10)
+"""Anything that takes events: a callable, or (as in 0.3.0) an :class:`EventObserver`."""
 
 
 class MemoryObserver:
@@ -135,6 +140,7 @@ class MemoryObserver:
 
 
 __all__ = [
+    "EventObserver",
     "EventType",
     "JsonLogObserver",
     "MemoryObserver",

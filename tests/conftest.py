@@ -66,3 +66,15 @@ def sandbox(backend_name: str) -> Iterator[object]:
 
     with Sandbox(backend=backend_name, timeout=120) as sb:
         yield sb
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[object]:
+    """A docker-py client for looking at what the engine holds (tests only)."""
+    import docker
+
+    client = docker.from_env(timeout=60)
+    try:
+        yield client
+    finally:
+        client.close()

@@ -387,19 +387,34 @@ class SandboxRunner:
 
     def _run_once(self, code: str, limit: float) -> RunOutput:
         """``stateful=False``: the code in a fresh interpreter (``exec_python``)."""
+        return self._one_shot(
+            lambda: self._sandbox.exec_python(code, timeout=limit),
+            limit,
+            "the interpreter was killed",
+            lambda exc: f"the sandbox's agent was lost: {exc}",
+        )
+
+    def _one_shot(
+        self,
+        call: Callable[[], ExecutionResult],
+        limit: float,
+        killed: str,
+        lost: Callable[[ChannelError], str],
+    ) -> RunOutput:
+        """One command under the lock, its failures turned into a :class:`RunOutput`."""
         with self._lock:
             try:
-                result = self._sandbox.exec_python(code, timeout=limit)
+                result = call()
             except ExecutionTimeoutError as exc:
                 return self._shell_output(
                     None if isinstance(exc.result, SessionResult) else exc.result,
                     timed_out=True,
-                    note=f"[timed out after {limit:g}s: the interpreter was killed]",
+                    note=f"[timed out after {limit:g}s: {killed}]",
                 )
             except PolicyDeniedError as exc:
                 return self._denied(exc)
             except ChannelError as exc:
-                return self._failed(f"the sandbox's agent was lost: {exc}")
+                return self._failed(lost(exc))
             return self._shell_output(result)
 
     def reset(self) -> None:
@@ -498,23 +513,15 @@ class SandboxRunner:
         """
         command = _text(command, "command")
         limit = self._timeout(timeout)
-        with self._lock:
-            try:
-                result = self._sandbox.exec_shell(command, timeout=limit)
-            except ExecutionTimeoutError as exc:
-                return self._shell_output(
-                    None if isinstance(exc.result, SessionResult) else exc.result,
-                    timed_out=True,
-                    note=f"[timed out after {limit:g}s: the command was killed with its processes]",
-                )
-            except PolicyDeniedError as exc:
-                return self._denied(exc)
-            except ChannelError as exc:
-                return self._failed(
-                    f"the command took the sandbox's agent down ({_first_line(str(exc))}); "
-                    "the sandbox and its files are intact"
-                )
-            return self._shell_output(result)
+        return self._one_shot(
+            lambda: self._sandbox.exec_shell(command, timeout=limit),
+            limit,
+            "the command was killed with its processes",
+            lambda exc: (
+                f"the command took the sandbox's agent down ({_first_line(str(exc))}); "
+                "the sandbox and its files are intact"
+            ),
+        )
 
     def _shell_output(
         self, result: ExecutionResult | None, *, timed_out: bool = False, note: str | None = None

@@ -36,17 +36,6 @@ BACKENDS = [
 
 
 @pytest.fixture(scope="module")
-def docker_client() -> Iterator[Any]:
-    import docker
-
-    client = docker.from_env(timeout=60)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture(scope="module")
 def sb() -> Iterator[Sandbox]:
     with Sandbox(timeout=600) as sandbox:
         yield sandbox
@@ -129,6 +118,10 @@ def test_a_read_over_max_file_read_bytes_is_a_value_error() -> None:
         assert sandbox.read_file("small.txt") == "ok"
 
 
+def pid_of(session: PythonSession) -> int | None:
+    return session.pid
+
+
 @pytest.mark.docker
 def test_sessions_start_as_in_030(sb: Sandbox) -> None:
     session = sb.python_session(start_timeout=30)
@@ -137,9 +130,9 @@ def test_sessions_start_as_in_030(sb: Sandbox) -> None:
     session.run("x = 41")
     assert session.run("x + 1").check().result == "42"
     lazy = PythonSession(sb, start_timeout=30)
-    assert lazy.pid is None  # 0.3.0: constructed, not started
+    assert pid_of(lazy) is None  # 0.3.0: constructed, not started
     lazy.start()
-    assert lazy.pid is not None and lazy.pid != session.pid
+    assert pid_of(lazy) not in (None, session.pid)
     assert lazy.run("'x' in globals()").result == "False"  # its own interpreter
     lazy.close()
     session.close()

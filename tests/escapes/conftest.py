@@ -19,9 +19,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from integration.conftest import backend_name, docker_client, shared_sandbox
+from integration.conftest import backend_name, shared_sandbox
 
-__all__ = ["backend_name", "docker_client", "shared_sandbox"]
+__all__ = ["backend_name", "shared_sandbox"]
 
 CATEGORIES = ("privileges", "kernel", "files", "network", "resources", "secrets", "host_api")
 RUNTIMES = {"docker": "runc", "gvisor": "runsc"}

@@ -9,7 +9,6 @@ keeps giving each test a fresh one.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -32,14 +31,3 @@ def shared_sandbox(backend_name: str) -> Iterator[Sandbox]:
     """One sandbox per runtime and module, for tests that leave no global trace."""
     with Sandbox(backend=backend_name, timeout=900) as sb:
         yield sb
-
-
-@pytest.fixture(scope="session")
-def docker_client() -> Iterator[Any]:
-    import docker
-
-    client = docker.from_env(timeout=60)
-    try:
-        yield client
-    finally:
-        client.close()
