@@ -75,7 +75,7 @@ def test_working_directory_outside_the_workspace_is_refused(watched: Any) -> Non
 
 
 BAD_FILES: dict[str, Callable[[Sandbox], object]] = {
-    "path_is_bytes": lambda sb: sb.read_file(b"/etc/passwd"),  # type: ignore[arg-type]
+    "path_is_bytes": lambda sb: sb.read_file(b"/etc/passwd"),  # type: ignore[call-overload]
     "path_is_none": lambda sb: sb.write_file(None, "x"),  # type: ignore[arg-type]
     "path_is_empty": lambda sb: sb.write_file("", "x"),
     "path_with_nul": lambda sb: sb.write_file("a\0/../../etc/passwd", "x"),
