@@ -24,15 +24,32 @@ def either(ours: T | None, theirs: T | None, ours_name: str, theirs_name: str) -
     return theirs
 
 
-def renamed(ours: T, theirs: T | None, ours_name: str, theirs_name: str, *, default: T, where: str) -> T:
-    """``theirs`` (the 0.3.0 name) when given, with a DeprecationWarning; else ``ours``."""
+def renamed(
+    ours: T,
+    theirs: T | None,
+    ours_name: str,
+    theirs_name: str,
+    *,
+    ours_given: bool,
+    where: str,
+    stacklevel: int = 3,
+) -> T:
+    """``theirs`` (the 0.3.0 name) when given, with a DeprecationWarning; else ``ours``.
+
+    ``stacklevel`` counts from this function: 3 is the caller of the function that calls it.
+    """
     if theirs is None:
         return ours
-    if ours != default:
+    if ours_given:
         raise ConfigurationError(f"{where}: pass {ours_name}= or {theirs_name}=, not both")
-    warnings.warn(
-        f"{where}: {theirs_name}= is the 0.3.0 name of {ours_name}=; it still works but use {ours_name}=",
-        DeprecationWarning,
-        stacklevel=3,
-    )
+    deprecated(f"{where}: {theirs_name}=", f"{ours_name}=", stacklevel=stacklevel + 1)
     return theirs
+
+
+def deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
+    """Warn that ``old`` is the 0.3.0 name of ``new`` (which still works)."""
+    warnings.warn(
+        f"{old} is the agentnest 0.3.0 name of {new}; it still works, but use {new}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )

@@ -330,7 +330,15 @@ class AsyncSandbox:
             "security_policy": security_policy,
             "verify": verify,
         }
-        image = renamed(image, runtime, "image", "runtime", default=None, where="AsyncSandbox.create()")
+        image = renamed(
+            image,
+            runtime,
+            "image",
+            "runtime",
+            ours_given=image is not None,
+            where="AsyncSandbox.create()",
+            stacklevel=4,
+        )
 
         async def make() -> AsyncSandbox:
             hooks = _LoopBridge().wrap_hooks(

@@ -10,11 +10,11 @@ import fnmatch
 import ipaddress
 import math
 import re
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._aliases import deprecated
 from .egress.proxy import check_pattern
 from .errors import ConfigurationError
 
@@ -182,12 +182,7 @@ class NetworkPolicy:
         .. deprecated:: 0.4.0
             Use :meth:`open`.
         """
-        warnings.warn(
-            "NetworkPolicy.allowed() is the 0.3.0 name of NetworkPolicy.open(); it still works, "
-            "but use open()",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+        deprecated("NetworkPolicy.allowed()", "NetworkPolicy.open()")
         return cls.open()
 
 

@@ -193,7 +193,10 @@ class Sandbox:
         profile: str | Profile | None = None,
         runtime: str | None = None,
     ) -> None:
-        image = renamed(image, runtime, "image", "runtime", default=None, where="Sandbox()")
+        # stacklevel 4: past this __init__ and with_profile's wrapper, to the caller.
+        image = renamed(
+            image, runtime, "image", "runtime", ours_given=image is not None, where="Sandbox()", stacklevel=4
+        )
         policy = security_policy or SecurityPolicy()
         network = policy.network
         if network_enabled:

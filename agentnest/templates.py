@@ -56,13 +56,13 @@ import os
 import posixpath
 import re
 import sys
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._aliases import deprecated, renamed
 from .errors import (
     BackendError,
     ConfigurationError,
@@ -283,7 +283,7 @@ class Template:
         .. deprecated:: 0.4.0
            Use :attr:`pip_packages`.
         """
-        _deprecated("packages", "pip_packages")
+        deprecated("Template.packages", "Template.pip_packages")
         return self.pip_packages
 
     @property
@@ -293,7 +293,7 @@ class Template:
         .. deprecated:: 0.4.0
            Use :attr:`apt_packages`.
         """
-        _deprecated("system_packages", "apt_packages")
+        deprecated("Template.system_packages", "Template.apt_packages")
         return self.apt_packages
 
     # -- builder methods -----------------------------------------------------
@@ -595,25 +595,10 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 # -- 0.3.0 compatibility ----------------------------------------------------------------
 
 
-def _deprecated(old: str, new: str) -> None:
-    # stacklevel 3: the caller of Template(...) or of the property, not this helper.
-    warnings.warn(
-        f"Template {old} is the agentnest 0.3.0 name; use {new} (same meaning)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-
-
 def _renamed(old: str, value: Sequence[str], new: str, current: Sequence[str]) -> Sequence[str]:
     """``value`` of the 0.3.0 keyword ``old``, unless ``new`` was given as well."""
-    if not (isinstance(current, Sequence) and len(current) == 0):
-        raise TypeError(f"Template() got both {old}= (the 0.3.0 name) and {new}=; give one")
-    warnings.warn(
-        f"Template({old}=...) is the agentnest 0.3.0 name; use {new}=... (same meaning)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return value
+    given = not (isinstance(current, Sequence) and len(current) == 0)
+    return renamed(current, value, new, old, ours_given=given, where="Template()", stacklevel=4)
 
 
 def _engine_api(client: object, api: object) -> Any:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import anyio
 import anyio.to_thread
 
+from .._aliases import deprecated
 from ..errors import (
     ChannelError,
     ConfigurationError,
@@ -210,12 +210,7 @@ class SandboxRunner:
         if not isinstance(stateful, bool):
             raise ConfigurationError(f"stateful={stateful!r} must be True or False")
         if runtime is not None:
-            warnings.warn(
-                "SandboxRunner(): runtime= is the 0.3.0 name of image=; it still works but use "
-                "image= (or pass the image first)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+            deprecated("SandboxRunner(runtime=)", "image= (or the image as the first argument)")
         if isinstance(sandbox, AsyncSandbox):
             sandbox = sandbox._sandbox
         if isinstance(sandbox, Sandbox):

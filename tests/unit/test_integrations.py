@@ -668,7 +668,7 @@ def test_runner_creates_and_owns_a_sandbox_from_0_3_0_arguments(backend: LocalBa
     # The image as the first argument, as 0.3.0's runtime was.
     with SandboxRunner("local", backend=backend) as positional:
         assert positional.sandbox.config.image == "local" and positional.timeout == 300
-    with pytest.deprecated_call(match="runtime= is the 0.3.0 name of image="):
+    with pytest.deprecated_call(match=r"runtime=\) is the agentnest 0.3.0 name of image="):
         deprecated = SandboxRunner(runtime="local", backend=backend)
     assert deprecated.sandbox.config.image == "local"
     deprecated.close()
