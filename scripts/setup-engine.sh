@@ -46,10 +46,23 @@ if changed:
     open("/tmp/agentnest-daemon-changed", "w").close()
 PY
 
+runtimes_registered() {
+  local have
+  have=$(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' 2>/dev/null) || return 1
+  [[ " $have " == *" runsc "* && " $have " == *" runsc-host "* ]]
+}
+
 if docker info >/dev/null 2>&1; then
-  if [[ -e /tmp/agentnest-daemon-changed ]]; then
-    # Reload the runtime list without stopping running containers.
-    kill -HUP "$(pidof dockerd)" && rm -f /tmp/agentnest-daemon-changed && sleep 1
+  if [[ -e /tmp/agentnest-daemon-changed ]] || ! runtimes_registered; then
+    # Reload the runtime list without stopping running containers.  The reload
+    # is asynchronous: wait until the engine lists the runtimes.  (After a reload
+    # the engine's view of the default bridge no longer names its gateway in
+    # IPAM.Config; docker0 keeps its address, and the tests read it from there.)
+    kill -HUP "$(pidof dockerd)"
+    for _ in $(seq 1 60); do
+      runtimes_registered && { rm -f /tmp/agentnest-daemon-changed; break; }
+      sleep 0.5
+    done
   fi
 else
   rm -f /tmp/agentnest-daemon-changed
@@ -65,6 +78,5 @@ else
   done
 fi
 docker info >/dev/null 2>&1 || { echo "engine: dockerd did not come up; see /var/log/agentnest-dockerd.log" >&2; exit 1; }
-docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' | grep -qw runsc \
-  || { echo "engine: runsc is not registered with Docker" >&2; exit 1; }
+runtimes_registered || { echo "engine: runsc is not registered with Docker (see /etc/docker/daemon.json)" >&2; exit 1; }
 echo "engine: ready ($(docker info --format '{{.ServerVersion}}'), runtimes: $(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}'))"

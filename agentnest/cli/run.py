@@ -145,6 +145,8 @@ def handle(args: argparse.Namespace) -> int:
         stream = sandbox.stream_exec(argv, timeout=timeout)
         try:
             for chunk in stream:
+                if chunk.stream == "status":  # the end; the exit code is returned below
+                    continue
                 out = sys.stdout if chunk.stream == "stdout" else sys.stderr
                 out.write(chunk.data)
                 out.flush()

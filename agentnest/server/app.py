@@ -1099,7 +1099,8 @@ async def _sse(stream: AsyncExecutionStream) -> AsyncIterator[bytes]:
     try:
         try:
             async for chunk in stream:
-                yield event(chunk.stream, {"data": chunk.data})
+                if chunk.stream != "status":  # the exit event below says it, with the whole result
+                    yield event(chunk.stream, {"data": chunk.data})
             assert stream.result is not None
             yield event("exit", _exec_out(stream.result).model_dump())
         except ExecutionTimeoutError as exc:

@@ -92,7 +92,12 @@ async def test_stream_with_async_for_is_incremental(sandbox: AsyncSandbox, workd
         chunks.append(chunk)
         if chunk.data == "first\n":
             await sandbox.write_file(f"{workdir}/go", "")
-    assert [c.data for c in chunks] == ["first\n", "second\n"]
+    assert [(c.stream, c.data) for c in chunks] == [
+        ("stdout", "first\n"),
+        ("stdout", "second\n"),
+        ("status", ""),
+    ]
+    assert chunks[-1].exit_code == 0
     assert stream.result is not None and stream.result.ok and stream.result.stdout == "first\nsecond\n"
 
 

@@ -157,10 +157,36 @@ def test_a_resize_signals_the_foreground_program(channel: Channel) -> None:
     assert b"winch 40 100" in term.seen
 
 
+def unique_sleep() -> list[str]:
+    """``sleep`` for about 30 s, with an argument no other process has."""
+    return ["sleep", f"30.{uuid.uuid4().int % 10**6:06d}"]
+
+
+def in_the_foreground(argv: list[str]) -> bool:
+    """Whether a process running ``argv`` is in its terminal's foreground group.
+
+    Local agents run their commands as this machine's processes.  A ^C sent
+    earlier reaches the shell instead, or the child before its exec, while it
+    still runs the shell's own SIGINT handler.
+    """
+    want = "\0".join(argv).encode() + b"\0"
+    for pid in os.listdir("/proc"):
+        try:
+            if not pid.isdigit() or Path(f"/proc/{pid}/cmdline").read_bytes() != want:
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[2] == fields[5]:  # pgrp == tpgid, the terminal's foreground group
+            return True
+    return False
+
+
 def test_ctrl_c_interrupts_the_foreground_program_only(channel: Channel) -> None:
     term = open_terminal(channel, ["/bin/sh", "-i"])
-    term.type(b"sleep 30; echo after-sleep\n")
-    time.sleep(0.3)
+    sleep = unique_sleep()
+    term.type(f"{' '.join(sleep)}; echo after-sleep\n".encode())
+    wait_until(lambda: in_the_foreground(sleep), "the sleep in the foreground", WAIT)
     started = time.monotonic()
     term.type(b"\x03")  # ^C: the terminal's line discipline sends SIGINT to the foreground group
     term.type(b"echo still-here\n")
@@ -377,10 +403,16 @@ def test_shell_on_a_terminal_types_resizes_and_exits_with_the_shell_code(tmp_pat
         wait_for(b"hello-42")
         wait_for(b"33 101")
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 45, 120, 0, 0))
-        # The resize reaches the child as SIGWINCH, then the agent: give it a moment.
-        time.sleep(0.5)
-        os.write(master, b"stty size\n")
-        wait_for(b"45 120")
+
+        # The resize reaches the child as SIGWINCH, then the agent's terminal:
+        # ask again until the shell sees the new size.
+        def resized() -> bool:
+            if b"45 120" in script_state["seen"]:
+                return True
+            os.write(master, b"stty size\n")
+            return False
+
+        wait_until(resized, "the new size in the sandbox's terminal", WAIT, interval=0.5)
         os.write(master, b"exit 3\n")
 
     code, seen = run_in_terminal(tmp_path, session, size=(33, 101))
@@ -389,10 +421,12 @@ def test_shell_on_a_terminal_types_resizes_and_exits_with_the_shell_code(tmp_pat
 
 
 def test_shell_restores_the_terminal_and_passes_ctrl_c_on(tmp_path: Path) -> None:
+    sleep = unique_sleep()
+
     def session(master: int, pid: int) -> None:
         wait_for(b"$ ")
-        os.write(master, b"sleep 30\n")
-        time.sleep(0.5)
+        os.write(master, " ".join(sleep).encode() + b"\n")
+        wait_until(lambda: in_the_foreground(sleep), "the sleep in the foreground", WAIT)
         os.write(master, b"\x03")  # raw mode: ^C goes to the sandbox, not to agentnest
         os.write(master, b"echo alive-$$-after\n")
         wait_for(b"-after")
@@ -445,7 +479,7 @@ def test_spinner_on_a_terminal_is_erased_afterwards(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(_output, "SPINNER_DELAY", 0.0)
     stream = FakeTerminal()
     with status("creating a sandbox", stream):
-        time.sleep(0.25)
+        wait_until(lambda: "creating a sandbox..." in stream.getvalue(), "the spinner", WAIT)
     text = stream.getvalue()
     assert "creating a sandbox..." in text
     assert text.endswith("\r\x1b[K")
