@@ -103,13 +103,19 @@ def wait_count(c: httpx.Client, sid: str, tag: str, want: int, within: float = 2
         assert time.monotonic() < deadline, f"{n} tagged processes, waited for {want}"
 
 
+def listed(c: httpx.Client) -> set[str]:
+    return {s["id"] for s in c.get("/v1/sandboxes").json()["sandboxes"]}
+
+
 def test_ceiling_and_ownership_between_two_tokens(live: Live) -> None:
     with live.client(live.alice) as a, live.client(live.bob) as b:
+        # Other tests of this module share the server and may have left sandboxes (any order).
+        alices, bobs = listed(a), listed(b)
         refused = a.post("/v1/sandboxes", json={"memory": "1g"})
         assert refused.status_code == 403 and "max_memory" in refused.json()["detail"]
         refused = b.post("/v1/sandboxes", json={"image": "busybox:latest"})
         assert refused.status_code == 403 and "image" in refused.json()["detail"]
-        assert a.get("/v1/sandboxes").json()["sandboxes"] == []  # nothing was created
+        assert listed(a) == alices and listed(b) == bobs  # nothing was created
         sid = create(a)
         assert a.post(f"/v1/sandboxes/{sid}/exec", json={"shell": "id -u"}).json()["stdout"] == "65532\n"
         for method, path, body in (
@@ -119,7 +125,7 @@ def test_ceiling_and_ownership_between_two_tokens(live: Live) -> None:
             ("DELETE", f"/v1/sandboxes/{sid}", None),
         ):
             assert b.request(method, path, json=body).status_code == 404
-        assert b.get("/v1/sandboxes").json()["sandboxes"] == []
+        assert sid not in listed(b) and listed(b) == bobs
         remote_bob = RemoteBackend(live.url, live.bob_secret)
         try:
             from agentnest import ChannelError
