@@ -5,21 +5,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo test unit integration escapes lint docs bench engine image venv clean
+.PHONY: demo test unit integration escapes lint docs bench engine image storage venv clean
 
-demo: engine venv image
+demo: engine venv image storage
 	$(BIN)/agentnest demo
 
-test: engine venv image lint docs
+test: engine venv image storage lint docs
 	AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q tests
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
 
-integration: engine venv image
+integration: engine venv image storage
 	$(BIN)/pytest -q tests/integration
 
-escapes: engine venv image
+escapes: engine venv image storage
 	$(BIN)/pytest -q -m escapes tests
 
 lint: venv
@@ -33,7 +33,7 @@ lint: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
-bench: engine venv image
+bench: engine venv image storage
 	$(BIN)/python benchmarks/bench.py
 
 engine:
@@ -41,6 +41,10 @@ engine:
 
 image: engine venv
 	$(BIN)/agentnest image base
+
+# The storage pool of disk workspaces (btrfs on a sparse file, quotas on); see docs/state.md.
+storage: engine venv
+	$(BIN)/agentnest setup
 
 venv: $(STAMP)
 

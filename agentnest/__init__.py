@@ -43,7 +43,7 @@ from .pool import AsyncSandboxPool, PoolStats, SandboxPool
 from .profiles import Profile
 from .sandbox import ExecutionStream, Sandbox
 from .secrets import Secret
-from .session import DisplayItem, PythonSession, SessionResult, SessionStream
+from .session import DisplayItem, PythonSession, PythonSessionInfo, SessionResult, SessionStream
 from .templates import Template
 
 __all__ = [
@@ -83,6 +83,7 @@ __all__ = [
     "Profile",
     "ProfileError",
     "PythonSession",
+    "PythonSessionInfo",
     "ResourceLimits",
     "RuntimeNotAvailableError",
     "Sandbox",

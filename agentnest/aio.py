@@ -74,7 +74,7 @@ from .profiles import Profile
 from .runtime.base import RuntimeBackend, SandboxHandle
 from .sandbox import _MAX_INLINE_CODE, Sandbox, _text, with_profile
 from .secrets import Secret
-from .session import PythonSession, SessionResult, SessionStream
+from .session import PythonSession, PythonSessionInfo, SessionResult, SessionStream
 
 __all__ = ["AsyncExecutionStream", "AsyncPythonSession", "AsyncSandbox", "AsyncSessionStream"]
 
@@ -307,6 +307,8 @@ class AsyncSandbox:
         verify: bool = False,
         profile: str | Profile | None = None,
         runtime: str | None = None,
+        disk: int | str | None = None,
+        workspace: str | None = None,
     ) -> _Creation:
         """Provision a sandbox; the twin of ``Sandbox(...)`` (see there for the arguments).
 
@@ -329,6 +331,8 @@ class AsyncSandbox:
             "read_only_root": read_only_root,
             "security_policy": security_policy,
             "verify": verify,
+            "disk": disk,
+            "workspace": workspace,
         }
         image = renamed(
             image,
@@ -553,12 +557,18 @@ class AsyncSandbox:
         except ValueError as exc:
             raise ExecutionError(f"the code's stdout is not JSON: {exc}", result) from None
 
-    async def python_session(self, *, start_timeout: float = 30.0) -> AsyncPythonSession:
+    async def python_session(
+        self, *, name: str | None = None, start_timeout: float = 30.0
+    ) -> AsyncPythonSession:
         """See :meth:`Sandbox.python_session`; the session's methods are awaited."""
         session = await self._call(
-            functools.partial(self._sandbox.python_session, start_timeout=start_timeout)
+            functools.partial(self._sandbox.python_session, name=name, start_timeout=start_timeout)
         )
         return AsyncPythonSession(session, self._waits)
+
+    async def sessions(self) -> tuple[PythonSessionInfo, ...]:
+        """See :meth:`Sandbox.sessions`."""
+        return await self._call(self._sandbox.sessions)
 
     def stream_exec(
         self,
@@ -986,6 +996,11 @@ class AsyncPythonSession:
     def id(self) -> str:
         """See :attr:`PythonSession.id`."""
         return self._session.id
+
+    @property
+    def name(self) -> str | None:
+        """See :attr:`PythonSession.name`."""
+        return self._session.name
 
     @property
     def closed(self) -> bool:

@@ -28,6 +28,9 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
+#: The default size of a disk workspace (see ResourceLimits.workspace) and the largest one.
+DEFAULT_DISK = 8 * GiB
+MAX_DISK = 64 * 1024 * GiB
 
 
 def parse_size(value: int | str, what: str) -> int:
@@ -61,9 +64,14 @@ def format_size(n: int) -> str:
 class ResourceLimits:
     """Resource ceilings the engine enforces on a sandbox.
 
-    ``workspace`` and ``scratch`` are memory-backed filesystems (tmpfs): what
-    is stored there counts against ``memory``, which is why their sum must
-    leave room for processes.  The sandbox cannot fill the host's disk.
+    ``scratch`` (``/tmp``) is a memory-backed filesystem (tmpfs), and so is
+    the workspace when ``workspace_medium`` is ``"memory"``: what is stored
+    there counts against ``memory``, which is why their sum must leave room
+    for processes.  A ``"disk"`` workspace lives in the storage pool
+    (:mod:`agentnest.runtime.storage`): bounded by the kernel at
+    ``workspace`` bytes, costing host disk only for what is written, and not
+    counted against ``memory``.  Either way the sandbox cannot fill the
+    host's disk.
     """
 
     memory: int = 512 * MiB
@@ -74,12 +82,17 @@ class ResourceLimits:
     """Maximum number of processes and threads."""
     gpus: int = 0
     """GPUs requested from the engine (0 for none)."""
-    workspace: int = None  # type: ignore[assignment]  # None: derived from memory in __post_init__
-    """Size of the writable ``/workspace`` filesystem; by default half of
-    ``memory``, at most 256m."""
+    workspace: int = None  # type: ignore[assignment]  # None: derived in __post_init__
+    """Size of the writable ``/workspace`` filesystem; by default 8g on disk,
+    and in memory half of ``memory``, at most 256m."""
     scratch: int = None  # type: ignore[assignment]  # None: derived from memory in __post_init__
     """Size of the writable ``/tmp`` scratch filesystem; by default an eighth
     of ``memory``, at most 64m."""
+    workspace_medium: str = "memory"
+    """``"memory"`` (a tmpfs) or ``"disk"`` (the storage pool).  ``Sandbox``
+    picks ``"disk"`` when its backend has a storage pool.
+
+    .. versionadded:: 0.4.0"""
 
     @classmethod
     def build(
@@ -90,8 +103,9 @@ class ResourceLimits:
         workspace: int | str | None = None,
         scratch: int | str | None = None,
         gpus: int = 0,
+        workspace_medium: str = "memory",
     ) -> ResourceLimits:
-        """Build limits from human sizes (``"512m"``); ``None`` sizes follow ``memory``."""
+        """Build limits from human sizes (``"512m"``); ``None`` sizes get the defaults."""
         return cls(
             memory=parse_size(memory, "memory"),
             cpus=cpus,
@@ -99,22 +113,29 @@ class ResourceLimits:
             gpus=gpus,
             workspace=None if workspace is None else parse_size(workspace, "workspace_size"),  # type: ignore[arg-type]
             scratch=None if scratch is None else parse_size(scratch, "scratch_size"),  # type: ignore[arg-type]
+            workspace_medium=workspace_medium,
         )
 
     def __post_init__(self) -> None:
         memory: object = self.memory
         if isinstance(memory, str):  # 0.3.0 took ResourceLimits(memory="512m")
             object.__setattr__(self, "memory", parse_size(memory, "memory"))
+        if self.workspace_medium not in ("memory", "disk"):
+            raise ConfigurationError(
+                f"workspace={self.workspace_medium!r} is not a workspace medium; use 'disk' or 'memory'"
+            )
+        on_disk = self.workspace_medium == "disk"
         if isinstance(self.memory, int) and not isinstance(self.memory, bool):
-            # Both filesystems live in memory, so by default they follow the
-            # memory limit (0.3.0 accepted any memory; a fixed 256m workspace
-            # refused everything under 352m).
+            # In-memory filesystems follow the memory limit by default (0.3.0
+            # accepted any memory; a fixed 256m workspace refused everything
+            # under 352m).  A disk workspace gets room for a real project.
             scratch: object = self.scratch
             workspace: object = self.workspace
             if scratch is None:
                 object.__setattr__(self, "scratch", max(MiB, min(64 * MiB, self.memory // 8)))
             if workspace is None:
-                object.__setattr__(self, "workspace", max(MiB, min(256 * MiB, self.memory // 2)))
+                default = DEFAULT_DISK if on_disk else max(MiB, min(256 * MiB, self.memory // 2))
+                object.__setattr__(self, "workspace", default)
         if not isinstance(self.memory, int) or not 32 * MiB <= self.memory <= 1024 * GiB:
             raise ConfigurationError(f"memory={self.memory!r} bytes is out of range; use 32m to 1024g")
         if (
@@ -132,13 +153,22 @@ class ResourceLimits:
             v = getattr(self, name)
             if not isinstance(v, int) or v < MiB:
                 raise ConfigurationError(f"{name} size {v!r} is too small; use at least 1m")
-        reserve = min(32 * MiB, self.memory // 4)
-        if self.workspace + self.scratch > self.memory - reserve:
+        if on_disk and self.workspace > MAX_DISK:
             raise ConfigurationError(
-                f"workspace ({format_size(self.workspace)}) + scratch ({format_size(self.scratch)}) "
-                f"must leave at least {format_size(reserve)} of memory ({format_size(self.memory)}) "
+                f"disk={format_size(self.workspace)} is out of range; use at most {format_size(MAX_DISK)}"
+            )
+        reserve = min(32 * MiB, self.memory // 4)
+        in_memory = self.scratch + (0 if on_disk else self.workspace)
+        if in_memory > self.memory - reserve:
+            both = (
+                f"scratch ({format_size(self.scratch)})"
+                if on_disk
+                else f"workspace ({format_size(self.workspace)}) + scratch ({format_size(self.scratch)})"
+            )
+            raise ConfigurationError(
+                f"{both} must leave at least {format_size(reserve)} of memory ({format_size(self.memory)}) "
                 "for processes, "
-                "because both live in memory; raise memory or lower workspace_size"
+                "because it lives in memory; raise memory, lower the size, or put the workspace on disk"
             )
 
 

@@ -40,14 +40,14 @@ from .errors import (
     VerificationError,
 )
 from .events import EventType, Observer
-from .guard import Guard, scrub_errors
+from .guard import Guard, scrub_errors, workspace_medium
 from .policy import NetworkPolicy, SecurityPolicy
 from .profiles import Profile, profile_kwargs
 from .runtime import bootstrap
 from .runtime.base import RuntimeBackend, SandboxHandle
 from .runtime.registry import get_backend
 from .secrets import SECRET_DIR, Secret
-from .session import PythonSession
+from .session import PythonSession, PythonSessionInfo, list_python_sessions, open_python_session
 
 #: Extra time the host waits past a command's own timeout for the agent to
 #: report the kill, before it declares the agent hung.
@@ -140,9 +140,18 @@ class Sandbox:
         network_enabled: 0.3.0 switch for open networking; prefer
             ``security_policy=SecurityPolicy(network=...)``.
         memory, cpus, pids, gpus: resource limits.
-        workspace_size, scratch_size: sizes of ``/workspace`` and ``/tmp``
-            (memory-backed, counted against ``memory``); by default half and
-            an eighth of ``memory``, at most 256m and 64m.
+        workspace_size, scratch_size: sizes of ``/workspace`` and ``/tmp``.
+            ``/tmp`` is memory-backed (counted against ``memory``): by default
+            an eighth of it, at most 64m.  The workspace's default depends on
+            where it lives (``workspace``): 8g on disk, and in memory half of
+            ``memory``, at most 256m.
+        disk: the size of a disk workspace (``"10g"``); implies
+            ``workspace="disk"``.  The kernel refuses writes beyond it
+            (EDQUOT inside the sandbox); only what is written costs host disk.
+        workspace: ``"disk"`` (the storage pool: bounded, copy-on-write, not
+            counted against ``memory``; see docs/state.md), ``"memory"`` (a
+            tmpfs: small, fast, RAM only) or ``None``: disk when the backend
+            has a storage pool, else memory.
         backend: a backend name (``docker``, ``gvisor``, ``kata`` or a
             plug-in) or a :class:`RuntimeBackend` instance.
         read_only_root: keep the image read-only.
@@ -192,6 +201,8 @@ class Sandbox:
         verify: bool = False,
         profile: str | Profile | None = None,
         runtime: str | None = None,
+        disk: int | str | None = None,
+        workspace: str | None = None,
     ) -> None:
         # stacklevel 4: past this __init__ and with_profile's wrapper, to the caller.
         image = renamed(
@@ -205,22 +216,23 @@ class Sandbox:
                     "pass either network_enabled=True or a SecurityPolicy network, not both"
                 )
             network = NetworkPolicy.open()
+        self._backend = get_backend(backend) if isinstance(backend, str) else backend
+        if not isinstance(self._backend, RuntimeBackend):
+            raise ConfigurationError("backend must be a backend name or a RuntimeBackend instance")
+        medium, size = workspace_medium(workspace, disk, workspace_size, self._backend.capabilities())
         config = SandboxConfig(
             image=image if image is not None else default_image(),
             lifetime=timeout,
             environment=environment,  # type: ignore[arg-type]  # frozen in __post_init__
             workdir=workdir,
             network=network,
-            limits=ResourceLimits.build(memory, cpus, pids, workspace_size, scratch_size, gpus),
+            limits=ResourceLimits.build(memory, cpus, pids, size, scratch_size, gpus, medium),
             read_only_root=read_only_root,
             seccomp_profile=policy.seccomp_profile,
             apparmor_profile=policy.apparmor_profile,
             rootless=policy.rootless,
             proxy_image=policy.egress_proxy_image,
         )
-        self._backend = get_backend(backend) if isinstance(backend, str) else backend
-        if not isinstance(self._backend, RuntimeBackend):
-            raise ConfigurationError("backend must be a backend name or a RuntimeBackend instance")
         self._guard = Guard(config, policy, observers, approval_hook)
         self._guard.check_create(self._backend.capabilities(), self._backend.oci_runtime)
         self._lock = threading.Lock()
@@ -229,7 +241,8 @@ class Sandbox:
         # Egress reports (allowlist sandboxes): see _watch_egress.
         self._egress_failure: BaseException | None = None
         self._stop_egress: Callable[[], None] | None = None
-        self._handle: SandboxHandle = self._backend.create(config)
+        provision = _state.PROVISION.get() or self._backend.create  # a host-side fork's child: state.forks
+        self._handle: SandboxHandle = provision(config)
         self._guard.sandbox_id = self._handle.id
         self._mono_deadline = time.monotonic() + (self._handle.deadline - time.time())
         self._lifetime = config.lifetime
@@ -611,8 +624,8 @@ class Sandbox:
         except ValueError as exc:
             raise ExecutionError(f"the code's stdout is not JSON: {exc}", result) from None
 
-    def python_session(self, *, start_timeout: float = 30.0) -> PythonSession:
-        """Start a persistent Python interpreter in the sandbox.
+    def python_session(self, *, name: str | None = None, start_timeout: float = 30.0) -> PythonSession:
+        """Start a persistent Python interpreter in the sandbox, or return the live one of ``name``.
 
         Variables, imports and open handles live across its ``run()`` calls;
         the value of a trailing expression comes back as ``result``.  See
@@ -624,18 +637,36 @@ class Sandbox:
                 session.run("import json; x = 41")
                 print(session.run("x + 1").check().result)   # "42"
 
+            sandbox.python_session(name="main").run("x = 41")
+            sandbox.python_session(name="main").run("x + 1").result   # "42": the same interpreter
+
         Args:
+            name: without one, a new anonymous session.  With one, the live
+                session of that name (the same object on this channel; the
+                in-sandbox agent keeps the names, so a new channel to the
+                agent finds it too), started under that name if there is none
+                or it ended.  1 to 64 letters, digits, ``_``, ``.``, ``-``.
             start_timeout: seconds the interpreter may take to start.
 
         Raises:
+            ConfigurationError: the name is invalid.
             SessionLostError: the interpreter could not start.
 
         .. versionchanged:: 0.4.0
-           Served by the in-sandbox agent (0.3.0 polled files in the workspace).
+           Served by the in-sandbox agent (0.3.0 polled files in the workspace); ``name``.
         """
-        session = PythonSession(self, start_timeout=start_timeout)
-        session.start()
-        return session
+        return open_python_session(self, name=name, start_timeout=start_timeout)
+
+    def sessions(self) -> tuple[PythonSessionInfo, ...]:
+        """The sandbox's live Python sessions, named and anonymous, oldest first.
+
+        The in-sandbox agent reports them (closed sessions and ones whose
+        interpreter ended are not listed), so any host connected to it sees
+        the same list.  ``id`` matches :attr:`PythonSession.id`.
+
+        .. versionadded:: 0.4.0
+        """
+        return list_python_sessions(self)
 
     def stream_exec(
         self,
@@ -809,7 +840,10 @@ class Sandbox:
             )
         self._guard.approve("file.write", {"path": self._guard.absolute(rel), "size": len(payload)})
         try:
-            self._ch().write_file(rel, payload, mode, self._file_deadline(len(payload)))
+            channel = self._ch()
+            # Fast path: a local disk workspace is written from the host (state.hostfiles).
+            if not _state.hostfiles.write(self, rel, payload, mode):
+                channel.write_file(rel, payload, mode, self._file_deadline(len(payload)))
         except ChannelError as exc:
             raise self._lost(exc) from None
         self._guard.emit(EventType.FILE_WRITTEN, {"path": rel, "size": len(payload)})
@@ -835,7 +869,11 @@ class Sandbox:
         self._guard.approve("file.read", {"path": self._guard.absolute(rel)})
         limit = self._guard.policy.read_limit
         try:
-            data = self._ch().read_file(rel, limit, self._file_deadline(limit))
+            channel = self._ch()
+            # Fast path: a local disk workspace is read from the host (state.hostfiles).
+            data = _state.hostfiles.read(self, rel, limit)
+            if data is None:
+                data = channel.read_file(rel, limit, self._file_deadline(limit))
         except ChannelError as exc:
             raise self._lost(exc) from None
         self._guard.emit(EventType.FILE_READ, {"path": rel, "size": len(data)})

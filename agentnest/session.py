@@ -9,6 +9,16 @@ expression comes back as ``result``, as in a notebook.
 Everything a session sends back passes the sandbox's guard: output is
 bounded by ``max_output_bytes`` and every secret is redacted from text
 (stdout, stderr, result, error, textual display items).
+
+A session may have a name (``python_session(name="main")``).  The agent
+keeps the names (and each session's id), so any host channel to that
+agent -- this one, one opened after the channel was replaced, or a
+live-forked child's -- lists its sessions (``Sandbox.sessions()``) and
+attaches to one by name.  Within one ``Sandbox``, every
+``python_session(name=...)`` of a live session returns the same
+:class:`PythonSession` object, so its one-run-at-a-time lock is shared; and
+a session whose channel was replaced while the agent lived on carries on
+with the new channel.
 """
 
 from __future__ import annotations
@@ -24,8 +34,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from .agent.interpreter import INTERRUPT_GRACE, MAX_CODE_BYTES
-from .channel.client import Channel, SessionRunHandle
+from .agent.interpreter import INTERRUPT_GRACE, MAX_CODE_BYTES, NAME_MAX, valid_name
+from .channel.client import Channel, SessionBusy, SessionRunHandle
 from .channel.protocol import BINARY_MIMES, RawDisplay, RawSessionRun, RawValue, SessionInfo
 from .config import ExecutionChunk
 from .errors import (
@@ -43,7 +53,7 @@ from .guard import scrub_errors
 if TYPE_CHECKING:
     from .sandbox import Sandbox
 
-__all__ = ["DisplayItem", "PythonSession", "SessionResult", "SessionStream"]
+__all__ = ["DisplayItem", "PythonSession", "PythonSessionInfo", "SessionResult", "SessionStream"]
 
 #: How long opening, resetting or closing a session may take.
 _CLOSE_WAIT = 10.0
@@ -52,6 +62,37 @@ _CLOSE_WAIT = 10.0
 _BACKSTOP_GRACE = 10.0
 #: Characters of code recorded in an audit event.
 _EVENT_CODE = 2000
+
+#: The host objects of named sessions, per sandbox and session id (the key
+#: the agent keeps), so that asking for a name twice gives the one object
+#: (and its one lock).  Weak both ways: a dropped sandbox or session leaves
+#: nothing behind.
+_NAMED: weakref.WeakKeyDictionary[Sandbox, dict[str, weakref.ref[PythonSession]]] = (
+    weakref.WeakKeyDictionary()
+)
+_NAMED_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class PythonSessionInfo:
+    """A live Python session of a sandbox, as :meth:`Sandbox.sessions` lists it.
+
+    The agent in the sandbox reports it (the host checks every field), so
+    a listing is the same from any host connected to that agent.
+
+    .. versionadded:: 0.4.0
+    """
+
+    name: str | None
+    """The session's name; None for an anonymous session."""
+    id: str
+    """Its id, the same as :attr:`PythonSession.id` (and in its events)."""
+    pid: int
+    """Its interpreter's process id inside the sandbox."""
+    started: float
+    """When its interpreter started (Unix time, by the sandbox's clock)."""
+    busy: bool
+    """It is running code (or still starting) right now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +194,9 @@ class PythonSession:
     agent or the sandbox.  A session that lost its interpreter raises
     :class:`SessionLostError` on every run until :meth:`reset`.
 
+    A session opened with ``python_session(name=...)`` can be reached
+    again by that name (see :meth:`Sandbox.python_session`).
+
     .. versionadded:: 0.4.0
     """
 
@@ -181,6 +225,7 @@ class PythonSession:
         self._current: SessionRunHandle | None = None
         self._channel: Channel | None = None
         self._info: SessionInfo | None = None
+        self._name: str | None = None
 
     def start(self) -> None:
         """Start the interpreter now (the first run starts it otherwise).  Idempotent.
@@ -200,8 +245,20 @@ class PythonSession:
 
     @property
     def id(self) -> str:
-        """This session's id (stable across :meth:`reset`; used in events)."""
+        """This session's id (stable across :meth:`reset`; used in events).
+
+        The agent keeps it, so a host that attaches by name (or lists the
+        sessions) sees the same id.
+        """
         return self._id
+
+    @property
+    def name(self) -> str | None:
+        """The name it was opened with (``python_session(name=...)``); None if anonymous.
+
+        .. versionadded:: 0.4.0
+        """
+        return self._name
 
     @property
     def closed(self) -> bool:
@@ -282,6 +339,11 @@ class PythonSession:
         handle = self._current
         if handle is not None:
             handle.interrupt()
+        elif self._info is not None and self._channel is not None and self._channel.alive:
+            # Code this object did not send (it was running when the channel
+            # was replaced, or in the parent of a live fork) stops too; the
+            # agent ignores an interrupt when nothing runs.
+            self._channel.interrupt_session(self._info.session)
 
     def reset(self) -> None:
         """Start a fresh interpreter: every variable and import is gone.
@@ -314,7 +376,12 @@ class PythonSession:
         inflight, self._inflight = self._inflight, None
         if inflight is not None:
             inflight.abandon()  # closing ends that run in the sandbox
+        _forget(self)
         ch = self._channel
+        current = self._sandbox._channel
+        if ch is not None and not ch.alive and current is not None and current.alive:
+            # The channel was replaced: close the interpreter if the agent lives on.
+            ch = current if self._reattach(current) else ch
         if ch is not None and ch.alive and self._info is not None:
             try:
                 ch.session_call(
@@ -337,28 +404,76 @@ class PythonSession:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "lost" if self._lost is not None else "open"
-        return f"<PythonSession {self._id} of sandbox {self._sandbox.id} {state}>"
+        name = "" if self._name is None else f"{self._name!r} "
+        return f"<PythonSession {name}{self._id} of sandbox {self._sandbox.id} {state}>"
 
     # -- internals -------------------------------------------------------------
 
     def _open(self, *, reset: bool) -> None:
         sandbox = self._sandbox
-        ch = sandbox._ch()
-        if ch.hello is None or "session" not in ch.hello.capabilities:
-            raise UnsupportedCapabilityError("this sandbox's agent does not offer Python sessions")
+        ch = _session_channel(sandbox, named=self._name is not None)
         deadline = time.monotonic() + self._start_timeout
-        # Restart in place when the same agent still knows the session;
-        # after an agent restart, start a new one on the new agent.
+        # Restart in place when the same agent still knows the session (on
+        # this channel, or on a new one to the same agent); after an agent
+        # restart, start a new one on the new agent (a named one under its
+        # name: fresh, as a reset is).
+        if reset and ch is not self._channel:
+            self._reattach(ch)
         same = reset and ch is self._channel and self._info is not None
         try:
-            info = ch.open_session(deadline, reset=self._info.session if same and self._info else None)
+            if same and self._info is not None:
+                info = ch.open_session(deadline, reset=self._info.session)
+            elif self._name is not None:
+                if _holder(sandbox, self._name, besides=self) is not None:
+                    raise SessionLostError(
+                        f"session {self._name!r} was opened again on the restarted agent; "
+                        f"reach it with python_session(name={self._name!r})"
+                    )
+                info = ch.open_session(deadline, name=self._name, key=self._id, fresh=True)
+            else:
+                info = ch.open_session(deadline, key=self._id)
         except ChannelError as exc:
             raise sandbox._lost(exc) from None
+        self._adopt(ch, info)
+        if self._name is not None:
+            _remember(self)
+        self._opened(info)
+
+    def _reattach(self, ch: Channel) -> bool:
+        """After the channel was replaced: carry on if the agent behind ``ch`` still has this interpreter."""
+        info = self._info
+        if info is None or ch.hello is None or "session-names" not in ch.hello.capabilities:
+            return False
+        try:
+            listed = ch.list_sessions(time.monotonic() + _CLOSE_WAIT)
+        except (ChannelError, SessionLostError):
+            return False
+        for found in listed:
+            # The same id, process and start time: the very interpreter this
+            # object drove (a restarted agent's sessions never match).  A busy
+            # one still runs what the old channel sent: not ours to take over.
+            if (found.key, found.pid, found.started) == (self._id, info.pid, info.started) and not found.busy:
+                self._inflight = None  # it waited on the old channel
+                self._channel = ch
+                self._info = found
+                return True
+        return False
+
+    def _adopt(self, ch: Channel, info: SessionInfo) -> None:
+        """Bind to the agent's session ``info`` on ``ch``; a new interpreter drops a pending run."""
+        if not info.attached or ch is not self._channel:
+            inflight, self._inflight = self._inflight, None
+            if inflight is not None:
+                inflight.abandon()  # it ran in the interpreter that ended, or on the old channel
         self._channel = ch
         self._info = info
-        self._guard.emit(
-            EventType.SESSION_OPENED, {"session": self._id, "pid": info.pid, "python": info.python}
-        )
+        self._lost = None  # the agent vouches for a live interpreter
+
+    def _opened(self, info: SessionInfo) -> None:
+        data: dict[str, object] = {"session": self._id, "pid": info.pid, "python": info.python}
+        if self._name is not None:
+            data.update({"name": self._name, "attached": info.attached})
+        self._guard.emit(EventType.SESSION_OPENED, data)
 
     def _begin(self, code: str, data: bytes, timeout: float | None) -> SessionRunHandle:
         """Approve and send a run; the caller holds ``_busy`` until it ends."""
@@ -372,7 +487,7 @@ class PythonSession:
         if self._info is None:  # not started yet (0.3.0 started on first use too)
             self._open(reset=False)
         ch = self._sandbox._ch()
-        if ch is not self._channel:
+        if ch is not self._channel and not self._reattach(ch):
             raise self._mark_lost(
                 "the in-sandbox agent was restarted and the session's interpreter ended with it"
             )
@@ -493,6 +608,12 @@ class SessionStream:
             while handle.result is None:
                 try:
                     event = handle.next_event(deadline)
+                except SessionBusy:
+                    finished = True
+                    raise ConfigurationError(
+                        f"session {session.id} is still running code sent before its channel was "
+                        "replaced; wait until sessions() shows it idle, interrupt() it, or reset() it"
+                    ) from None
                 except ChannelError as exc:
                     finished = True
                     raise session._channel_lost(exc) from None
@@ -558,3 +679,111 @@ class SessionStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- names and listings ----------------------------------------------------------
+
+
+def check_name(name: object) -> str:
+    """Return ``name`` if it is a valid session name; raise :class:`ConfigurationError` if not."""
+    if not valid_name(name):
+        raise ConfigurationError(
+            f"session name {name!r:.80} is invalid: use 1 to {NAME_MAX} letters, digits, '_', '.' "
+            "or '-', not starting with '.' or '-' (for example name=\"main\"), or no name for an "
+            "anonymous session"
+        )
+    assert isinstance(name, str)
+    return name
+
+
+def open_python_session(sandbox: Sandbox, *, name: str | None, start_timeout: float) -> PythonSession:
+    """What :meth:`Sandbox.python_session` does: a new session, or the live one of ``name``."""
+    if name is not None:
+        check_name(name)
+    session = PythonSession(sandbox, start_timeout=start_timeout)
+    if name is None:
+        session.start()
+        return session
+    session._name = name
+    ch = _session_channel(sandbox, named=True)
+    try:
+        info = ch.open_session(time.monotonic() + session._start_timeout, name=name, key=session._id)
+    except ChannelError as exc:
+        raise sandbox._lost(exc) from None
+    with _NAMED_LOCK:
+        known = _named_of(sandbox)
+        ref = known.get(info.key or session._id)
+        held = ref() if ref is not None else None
+        if held is not None and not held._closed:
+            # This sandbox already has an object for that session: the same
+            # object, so the lock that keeps it to one run at a time is too.
+            held._adopt(ch, info)
+            chosen = held
+        else:
+            if info.key:
+                session._id = info.key  # the id another host (or this one, earlier) gave it
+            session._adopt(ch, info)
+            known[session._id] = weakref.ref(session)
+            chosen = session
+    if chosen is session or not info.attached:
+        chosen._opened(info)
+    return chosen
+
+
+def list_python_sessions(sandbox: Sandbox) -> tuple[PythonSessionInfo, ...]:
+    """What :meth:`Sandbox.sessions` does: the agent's live sessions, oldest first."""
+    ch = _session_channel(sandbox, named=True)
+    try:
+        listed = ch.list_sessions(time.monotonic() + _CLOSE_WAIT)
+    except ChannelError as exc:
+        raise sandbox._lost(exc) from None
+    found = [PythonSessionInfo(i.name, i.key, i.pid, i.started, i.busy) for i in listed]
+    return tuple(sorted(found, key=lambda i: (i.started, i.id)))
+
+
+def _session_channel(sandbox: Sandbox, *, named: bool) -> Channel:
+    ch = sandbox._ch()
+    caps = ch.hello.capabilities if ch.hello is not None else frozenset()
+    if "session" not in caps:
+        raise UnsupportedCapabilityError("this sandbox's agent does not offer Python sessions")
+    if named and "session-names" not in caps:
+        raise UnsupportedCapabilityError(
+            "this sandbox's agent does not offer named Python sessions or a session list (it is older "
+            "than this host); open an anonymous session with python_session()"
+        )
+    return ch
+
+
+def _holder(sandbox: Sandbox, name: str, *, besides: PythonSession) -> PythonSession | None:
+    """Another open object of a session of ``sandbox`` named ``name``, if any."""
+    with _NAMED_LOCK:
+        for ref in _named_of(sandbox).values():
+            held = ref()
+            if held is not None and held is not besides and not held._closed and held._name == name:
+                return held
+    return None
+
+
+def _named_of(sandbox: Sandbox) -> dict[str, weakref.ref[PythonSession]]:
+    """The named sessions of ``sandbox`` by id (the caller holds ``_NAMED_LOCK``)."""
+    known = _NAMED.setdefault(sandbox, {})
+    for gone in [k for k, ref in known.items() if ref() is None]:
+        del known[gone]
+    return known
+
+
+def _remember(session: PythonSession) -> None:
+    with _NAMED_LOCK:
+        known = _named_of(session._sandbox)
+        ref = known.get(session._id)
+        held = ref() if ref is not None else None
+        if held is None or held._closed:
+            known[session._id] = weakref.ref(session)
+
+
+def _forget(session: PythonSession) -> None:
+    with _NAMED_LOCK:
+        known = _NAMED.get(session._sandbox)
+        ref = known.get(session._id) if known is not None else None
+        if known is not None and ref is not None and ref() in (None, session):
+            del known[session._id]

@@ -3,13 +3,21 @@
 
 Usage::
 
-    python benchmarks/bench.py [--quick] [--backend docker|gvisor|all] [--only KEYS] [--json PATH]
+    python benchmarks/bench.py [--quick] [--backend docker|gvisor|runc|runsc|all] [--only KEYS] [--json PATH]
+                               [--compare-seed]
 
 For every selected backend (``docker`` = runc, ``gvisor`` = runsc) this prints one line
 per measurement: n, p50 and p95 of AgentNest, the same for the floor (the closest thing
 docker-py does on its own, same image, same OCI runtime, ``network_mode="none"``), and the
 ratio ours/floor.  A summary table with the targets and PASS/MISS closes the report; a
 miss is reported, never raised.  ``--json PATH`` writes every sample.
+
+``--compare-seed`` also measures agentnest 0.3.0, the release this project replaces, on the
+rows it has (fork, snapshot/restore, read/write_file, pool back to back) in the same run
+and prints them next to ours with the ratio ours/0.3.0 (seed.py, seed_driver.py).
+
+Shared pieces live beside this file: harness.py (plans, statistics, the report, cleanup,
+the docker-py floor) and egress.py (step E).
 
 What each measurement is, and why, is in docs/benchmarks.md.
 """
@@ -20,13 +28,13 @@ import argparse
 import contextlib
 import functools
 import gc
+import inspect
 import io
 import json
 import logging
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -36,307 +44,51 @@ import traceback
 import tracemalloc
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 # Run from a checkout without installing: `python benchmarks/bench.py`.
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# seed, egress and harness are siblings in benchmarks/ (the script's directory is on sys.path).
 import docker  # noqa: E402
 import docker.errors  # noqa: E402
+import seed  # noqa: E402
 from docker.models.containers import Container  # noqa: E402
+from egress import bench_egress  # noqa: E402
+from harness import (  # noqa: E402
+    BACKENDS,
+    FLOOR_LABELS,
+    MB,
+    MIB,
+    Floor,
+    Plan,
+    Reaper,
+    Result,
+    Series,
+    Target,
+    exec_ok,
+    fmt,
+    percentile,
+    remove_quietly,
+    report,
+    summary,
+    timed,
+)
 
 import agentnest  # noqa: E402
 from agentnest import Sandbox, SandboxPool, SecurityPolicy  # noqa: E402
 from agentnest.sandbox import default_image  # noqa: E402
 
-#: Backend name -> OCI runtime the floor uses.
-BACKENDS: dict[str, str] = {"docker": "runc", "gvisor": "runsc"}
-#: Label on every floor container, so a leftover one is easy to find (`docker ps -f label=...`).
-FLOOR_LABELS = {"agentnest-bench.role": "floor"}
-MB = 1_000_000  # throughput and memory are reported in MB = 10^6 bytes
-FILE_SIZE = 10 * 2**20  # 10 MiB
+FILE_SIZE = 10 * MIB
 STDOUT_SIZE = 50 * 2**20  # 52428800 bytes
 STDOUT_CMD = f"head -c {STDOUT_SIZE} /dev/zero"
 BIG_OUTPUT_LIMIT = 64_000_000
 PAR_SANDBOXES = 16
 PAR_EXECS = 20
 TRACED = 2  # sandboxes created under tracemalloc in the memory child
-
-
-# -- plan --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Sample counts: full run or ``--quick``."""
-
-    quick: bool
-    cold: int
-    warm: int
-    warm_floor: int
-    python: int
-    python_floor: int
-    files: int
-    stdout: int
-    par_rounds: int
-    par_floor_execs: int
-    mem_stats: int
-    mem_rss: int
-
-    @classmethod
-    def make(cls, quick: bool) -> Plan:
-        if quick:
-            return cls(True, 8, 100, 20, 20, 10, 8, 3, 1, 5, 8, 8)
-        return cls(False, 20, 300, 50, 50, 20, 20, 5, 3, 10, 8, 16)
-
-
-# -- statistics --------------------------------------------------------------------------
-
-
-def percentile(samples: list[float], q: int) -> float:
-    """The q-th percentile (1..99), interpolated between closest ranks."""
-    if len(samples) == 1:
-        return samples[0]
-    return statistics.quantiles(sorted(samples), n=100, method="inclusive")[q - 1]
-
-
-@dataclass
-class Series:
-    """Samples of one side of a measurement.
-
-    ``samples`` are seconds for ``ms`` and rate units (a rate is ``work / seconds``, so
-    its p95 is the slow tail: the rate of the 95th-percentile duration), and plain values
-    for ``MB``.
-    """
-
-    label: str
-    unit: str  # "ms" | "MB/s" | "execs/s" | "MB"
-    samples: list[float] = field(default_factory=list)
-    work: float = 1.0
-    count: int | None = None  # shown as n when a sample aggregates several objects
-
-    @property
-    def n(self) -> int:
-        return self.count if self.count is not None else len(self.samples)
-
-    def _show(self, value: float) -> float:
-        if self.unit == "ms":
-            return value * 1e3
-        if self.unit.endswith("/s"):
-            return self.work / value if value > 0 else float("inf")
-        return value
-
-    @property
-    def p50(self) -> float | None:
-        return self._show(percentile(self.samples, 50)) if self.samples else None
-
-    @property
-    def p95(self) -> float | None:
-        return self._show(percentile(self.samples, 95)) if self.samples else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "unit": self.unit,
-            "n": self.n,
-            "p50": self.p50,
-            "p95": self.p95,
-            "work": self.work,
-            "samples": self.samples,
-        }
-
-
-@dataclass(frozen=True)
-class Target:
-    """A goal from the issue: ``ratio_le`` (ours/floor <=), ``p50_le`` or ``p50_ge``."""
-
-    kind: str
-    value: float
-
-    def text(self, unit: str) -> str:
-        if self.kind == "ratio_le":
-            return f"p50 <= {self.value:g}x floor"
-        op = "<=" if self.kind == "p50_le" else ">="
-        return f"p50 {op} {self.value:g} {unit}"
-
-    def check(self, result: Result) -> bool | None:
-        p50 = result.ours.p50
-        if self.kind == "ratio_le":
-            ratio = result.ratio
-            return None if ratio is None else ratio <= self.value
-        if p50 is None:
-            return None
-        return p50 <= self.value if self.kind == "p50_le" else p50 >= self.value
-
-
-@dataclass
-class Result:
-    backend: str
-    key: str
-    name: str
-    ours: Series
-    floor: Series | None = None
-    target: Target | None = None
-    higher_is_better: bool = False
-    notes: list[str] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def ratio(self) -> float | None:
-        ours = self.ours.p50
-        floor = self.floor.p50 if self.floor is not None else None
-        if ours is None or not floor:
-            return None
-        return ours / floor
-
-    @property
-    def verdict(self) -> str:
-        if self.error is not None:
-            return "ERROR"
-        if self.target is None:
-            return "-"
-        ok = self.target.check(self)
-        return "n/a" if ok is None else ("PASS" if ok else "MISS")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "key": self.key,
-            "name": self.name,
-            "better": "higher" if self.higher_is_better else "lower",
-            "ours": self.ours.to_json(),
-            "floor": self.floor.to_json() if self.floor else None,
-            "ratio": self.ratio,
-            "target": self.target.text(self.ours.unit) if self.target else None,
-            "verdict": self.verdict,
-            "notes": self.notes,
-            "error": self.error,
-        }
-
-
-def fmt(value: float | None, unit: str) -> str:
-    if value is None:
-        return "n/a"
-    if unit in ("ms", "MB") and value < 10:
-        return f"{value:.2f} {unit}"
-    return f"{value:.1f} {unit}"
-
-
-def fmt_series(s: Series) -> str:
-    return f"n={s.n} p50={fmt(s.p50, s.unit)} p95={fmt(s.p95, s.unit)}"
-
-
-def report(result: Result) -> None:
-    """Print one measurement as soon as it is done."""
-    head = f"[{result.backend}] {result.key} {result.name}"
-    if result.error is not None:
-        print(f"{head}: ERROR {result.error}", flush=True)
-        return
-    line = f"{head}: {fmt_series(result.ours)}"
-    if result.floor is not None:
-        line += f" | floor {result.floor.label}: {fmt_series(result.floor)}"
-        ratio = result.ratio
-        better = "higher" if result.higher_is_better else "lower"
-        line += f" | ours/floor {ratio:.2f}x ({better} is better)" if ratio is not None else " | ratio n/a"
-    if result.target is not None:
-        line += f" | target {result.target.text(result.ours.unit)}: {result.verdict}"
-    print(line, flush=True)
-    for note in result.notes:
-        print(f"    - {note}", flush=True)
-
-
-# -- resources ---------------------------------------------------------------------------
-
-
-class Reaper:
-    """Removes every sandbox and floor container it was given, even on errors or Ctrl-C."""
-
-    def __init__(self) -> None:
-        self._undo: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
-
-    def add(self, undo: Callable[[], None]) -> None:
-        with self._lock:
-            self._undo.append(undo)
-
-    def sandbox(self, backend: str, **kwargs: Any) -> Sandbox:
-        sandbox = Sandbox(backend=backend, **kwargs)
-        self.add(sandbox.destroy)
-        return sandbox
-
-    def container(self, floor: Floor, command: list[str]) -> Container:
-        container = floor.run(command)
-        self.add(lambda: remove_quietly(container))
-        return container
-
-    def close(self) -> None:
-        with self._lock:
-            undo, self._undo = self._undo[::-1], []
-        if not undo:
-            return
-        with ThreadPoolExecutor(max_workers=min(8, len(undo))) as pool:
-            for future in [pool.submit(fn) for fn in undo]:
-                try:
-                    future.result()
-                except Exception as exc:
-                    print(f"    ! cleanup failed: {exc}", file=sys.stderr, flush=True)
-
-    def __enter__(self) -> Reaper:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def remove_quietly(container: Container) -> None:
-    with contextlib.suppress(docker.errors.NotFound):
-        container.remove(force=True)
-
-
-class Floor:
-    """Plain docker-py on the same image and OCI runtime, no network: the floor."""
-
-    def __init__(self, client: docker.DockerClient, image: str, runtime: str) -> None:
-        self.client = client
-        self.image = image
-        self.runtime = runtime
-
-    def run(self, command: list[str], **kwargs: Any) -> Container:
-        container: Container = self.client.containers.run(
-            self.image,
-            command,
-            detach=True,
-            runtime=self.runtime,
-            network_mode="none",
-            labels=FLOOR_LABELS,
-            **kwargs,
-        )
-        return container
-
-    def idle(self, reaper: Reaper) -> Container:
-        """A running container to exec into; /tmp is a tmpfs, as in a sandbox."""
-        container = self.run(["sleep", "infinity"], tmpfs={"/tmp": "rw,size=64m,mode=1777"})
-        reaper.add(lambda: remove_quietly(container))
-        return container
-
-
-def timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def exec_ok(container: Container, argv: list[str], expect: bytes | None = None) -> bytes:
-    code, output = container.exec_run(argv)
-    if not isinstance(output, bytes):  # only streamed exec_run yields an iterator
-        raise TypeError("exec_run returned a stream")
-    if code != 0 or (expect is not None and output != expect):
-        raise RuntimeError(f"floor exec {argv[:3]} failed: exit {code}, output {output[:200]!r}")
-    return output
 
 
 # -- measurements ------------------------------------------------------------------------
@@ -505,42 +257,51 @@ def _untar_one(chunks: Iterator[bytes], name: str) -> bytes:
         return member.read()
 
 
-def bench_files(backend: str, floor: Floor, plan: Plan) -> Result:
+def bench_files(backend: str, floor: Floor, plan: Plan) -> list[Result]:
+    """4: ``write_file`` then ``read_file`` of 10 MiB; 4w and 4r are the two halves of each sample."""
     ours = Series("write_file+read_file 10 MiB", "ms")
     base = Series("put_archive+get_archive (/tmp)", "ms")
+    writes, reads = Series("write_file 10 MiB", "ms"), Series("read_file 10 MiB", "ms")
+    puts, gets = Series("tar + put_archive (/tmp)", "ms"), Series("get_archive + untar (/tmp)", "ms")
     data = os.urandom(FILE_SIZE)
     notes: list[str] = []
     with Reaper() as reaper:
         sandbox = reaper.sandbox(backend)
 
-        def one_ours() -> bytes:
+        def one_ours() -> tuple[bytes, float, float]:
+            t0 = time.perf_counter()
             sandbox.write_file("bench.bin", data)
+            t1 = time.perf_counter()
             back: bytes = sandbox.read_file("bench.bin", encoding=None)
-            return back
+            return back, t1 - t0, time.perf_counter() - t1
 
-        if one_ours() != data:
+        if one_ours()[0] != data:
             raise RuntimeError("read_file returned different bytes")
         for _ in range(plan.files):
-            t0 = time.perf_counter()
-            back = one_ours()
-            ours.samples.append(time.perf_counter() - t0)
+            back, wrote, read = one_ours()
+            ours.samples.append(wrote + read)
+            writes.samples.append(wrote)
+            reads.samples.append(read)
             if len(back) != len(data):
                 raise RuntimeError("short read")
 
         container = floor.idle(reaper)
 
-        def one_floor() -> bytes:
+        def one_floor() -> tuple[bytes, float, float]:
+            t0 = time.perf_counter()
             if not container.put_archive("/tmp", _tar_one("bench.bin", data)):
                 raise RuntimeError("put_archive failed")
+            t1 = time.perf_counter()
             chunks, _stat = container.get_archive("/tmp/bench.bin")
-            return _untar_one(chunks, "bench.bin")
+            return _untar_one(chunks, "bench.bin"), t1 - t0, time.perf_counter() - t1
 
-        if one_floor() != data:
+        if one_floor()[0] != data:
             raise RuntimeError("get_archive returned different bytes")
         for _ in range(plan.files):
-            t0 = time.perf_counter()
-            back = one_floor()
-            base.samples.append(time.perf_counter() - t0)
+            back, wrote, read = one_floor()
+            base.samples.append(wrote + read)
+            puts.samples.append(wrote)
+            gets.samples.append(read)
             if len(back) != len(data):
                 raise RuntimeError("short read (floor)")
         # The engine copies archives into the container's filesystem as the daemon sees it;
@@ -555,7 +316,11 @@ def bench_files(backend: str, floor: Floor, plan: Plan) -> Result:
                 "the floor's file is NOT visible in the container's tmpfs /tmp: the engine's archive "
                 "API wrote it under the mount point in the container's writable layer"
             )
-    return Result(backend, "4", "10 MiB file round trip", ours, base, notes=notes)
+    return [
+        Result(backend, "4", "10 MiB file round trip", ours, base, notes=notes),
+        Result(backend, "4w", "write_file 10 MiB", writes, puts),
+        Result(backend, "4r", "read_file 10 MiB", reads, gets),
+    ]
 
 
 def bench_stdout(backend: str, floor: Floor, plan: Plan) -> list[Result]:
@@ -705,6 +470,7 @@ def bench_parallel(backend: str, floor: Floor, plan: Plan) -> Result:
 # -- pools -------------------------------------------------------------------------------
 
 POOL_SIZE = 4
+POOL_BURST_SIZE = 2  # issue 12's pool row
 POOL_MANY = 32
 POOL_MANY_EXECS = 20
 
@@ -756,7 +522,52 @@ def bench_pool(backend: str, plan: Plan) -> list[Result]:
     ]
     results = [Result(backend, "P1", "pool acquire + exec", ours, target=Target("p50_le", 2.0), notes=notes)]
     results.append(_bench_pool_many(backend))
+    results.append(_bench_pool_back_to_back(backend, plan, None))
+    results.append(_bench_pool_back_to_back(backend, plan, "clean"))
     return results
+
+
+def _bench_pool_back_to_back(backend: str, plan: Plan, reset: Literal["clean"] | None) -> Result:
+    """P3: ``SandboxPool(factory, size=2)``, ``with pool.acquire()`` back to back; P3c: reset="clean".
+
+    Issue 12's row, measured the same way with 0.3.0 (seed.py): each sample is one
+    ``with pool.acquire() as sandbox: sandbox.exec_shell("true")``, the next starts at once.
+    P3 takes the pool's defaults, P3c reuses each sandbox after a clean reset.
+    """
+    ours = Series(f'with acquire(): exec_shell("true"), size {POOL_BURST_SIZE}', "ms")
+    served: set[str] = set()
+
+    def factory() -> Sandbox:
+        return Sandbox(backend=backend, timeout=1800)
+
+    def one() -> None:
+        with pool.acquire() as sandbox:
+            served.add(sandbox.id)
+            if not sandbox.exec_shell("true").ok:
+                raise RuntimeError("exec_shell('true') failed")
+
+    options: dict[str, Any] = {"reset": reset} if reset else {}
+    with SandboxPool(factory, size=POOL_BURST_SIZE, **options) as pool:
+        pool.start(wait=True)
+        for _ in range(2 * POOL_BURST_SIZE):  # warm-up: code paths, and the first refills
+            one()
+        _wait_warm(pool)
+        served.clear()
+        for _ in range(plan.pool_burst):
+            ours.samples.append(timed(one))
+        stats = pool.stats
+    defaults = {k: v.default for k, v in inspect.signature(SandboxPool).parameters.items()}
+    settings = {**defaults, **options}
+    notes = [
+        f"SandboxPool(factory, size={POOL_BURST_SIZE}, reset={settings['reset']!r}"
+        f"{'' if options else ' (its default)'}, max_uses={settings['max_uses']}); warm before the "
+        "first sample, never waited for after; "
+        f"{len(served)} distinct sandboxes served; created {stats.created}, failed {stats.failed}",
+    ]
+    key, name = ("P3c", ", reset='clean'") if reset else ("P3", "")
+    return Result(
+        backend, key, f"pool (size {POOL_BURST_SIZE}{name}), acquire back to back", ours, notes=notes
+    )
 
 
 def _pool_exec(pool: SandboxPool) -> None:
@@ -1018,9 +829,9 @@ def bench_session(backend: str, plan: Plan) -> Result:
 
 # -- fork, snapshot and restore (issue 3) ------------------------------------------------
 
-#: Workspace sizes for fork (MB = 10^6 bytes, random so nothing compresses) and snapshot.
-FORK_SIZES = (1 * MB, 100 * MB)
-SNAP_SIZE = 100 * MB
+#: Workspace sizes for fork (random, so nothing compresses) and snapshot: issue 12's rows.
+FORK_SIZES = (1 * MIB, 100 * MIB)
+SNAP_SIZE = 100 * MIB
 #: As a sandbox mounts it: owned by the image user (Docker copies the image directory's mode up).
 FLOOR_TMPFS = {"/workspace": "rw,nosuid,nodev,size=256m,uid=65532,gid=65532,mode=0755"}
 
@@ -1099,7 +910,7 @@ def _floor_fork(floor: Floor, reaper: Reaper, parent: Container) -> tuple[float,
 
 
 def bench_fork(backend: str, floor: Floor, plan: Plan) -> list[Result]:
-    """F1, F100: ``fork()`` of a sandbox with 1 MB and 100 MB of workspace data.
+    """F1, F100: ``fork()`` of a sandbox with 1 MiB and 100 MiB of workspace data.
 
     Floor: ``docker commit`` of an equivalent container, a container from the committed
     image, and the workspace copied between them with ``tar`` over the engine's exec
@@ -1109,8 +920,8 @@ def bench_fork(backend: str, floor: Floor, plan: Plan) -> list[Result]:
     """
     results: list[Result] = []
     for size in FORK_SIZES:
-        n = (5 if plan.quick else 12) if size <= MB else (3 if plan.quick else 7)
-        label = f"{size // MB} MB"
+        n = plan.fork_small if size <= MIB else plan.fork_large
+        label = f"{size // MIB} MiB"
         ours = Series(f"fork(), {label} workspace", "ms")
         base = Series("commit + run + tar pipe", "ms")
         creates: list[float] = []
@@ -1150,22 +961,22 @@ def bench_fork(backend: str, floor: Floor, plan: Plan) -> list[Result]:
             )
             + "; it copies no more than ours (commit sees no tmpfs), validates nothing",
         ]
-        target = Target("p50_le", 150.0 if size <= MB else 300.0)
-        key = f"F{size // MB}"
+        target = Target("p50_le", 150.0 if size <= MIB else 300.0)
+        key = f"F{size // MIB}"
         results.append(Result(backend, key, f"fork, {label} workspace", ours, base, target, notes=notes))
     return results
 
 
 def bench_snapshot(backend: str, floor: Floor, plan: Plan) -> list[Result]:
-    """T1, T2: ``snapshot(path)`` and ``restore(path)`` of 100 MB of workspace data.
+    """T1, T2: ``snapshot(path)`` and ``restore(path)`` of 100 MiB of workspace data.
 
     Floor: ``tar -cf -`` of the workspace over the engine's exec stream into a host file,
     and that file fed to ``tar -xf -`` over an exec stdin (no validation, no staging).
     """
     import tempfile
 
-    n = 3 if plan.quick else 7
-    label = f"{SNAP_SIZE // MB} MB"
+    n = plan.snapshots
+    label = f"{SNAP_SIZE // MIB} MiB"
     snap = Series(f"snapshot(), {label}", "ms")
     rest = Series(f"restore(), {label}", "ms")
     snap_floor = Series("exec tar -c > host file", "ms")
@@ -1220,227 +1031,6 @@ def bench_snapshot(backend: str, floor: Floor, plan: Plan) -> list[Result]:
     ]
 
 
-# -- driver ------------------------------------------------------------------------------
-
-
-# -- egress allowlist ----------------------------------------------------------------------
-
-
-class _EgressServers:
-    """A local HTTPS server on 127.0.0.1 (self-signed, made with the openssl CLI) and the
-    egress proxy itself, in-process on its own event loop: the same code the proxy
-    container runs, measured without the engine's veth hops."""
-
-    def __init__(self, tmp: Path) -> None:
-        import asyncio
-        import http.server
-        import ssl
-
-        from agentnest.egress.proxy import Limits, Proxy, Rules
-
-        subprocess.run(
-            [
-                *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"),
-                *("-nodes", "-keyout", str(tmp / "key.pem"), "-out", str(tmp / "cert.pem"), "-days", "1"),
-                *("-subj", "/CN=bench", "-addext", "subjectAltName=DNS:bench.allowed.test"),
-            ],
-            check=True,
-            capture_output=True,
-        )
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                body = b"ok"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        class Server(http.server.ThreadingHTTPServer):
-            daemon_threads = True
-            request_queue_size = 512
-
-        server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        server_ctx.load_cert_chain(tmp / "cert.pem", tmp / "key.pem")
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.server.socket = server_ctx.wrap_socket(self.server.socket, server_side=True)
-        self.port = int(self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.client_ctx = ssl.create_default_context(cafile=str(tmp / "cert.pem"))
-        self.events: list[dict[str, Any]] = []
-        rules = Rules(
-            ["bench.allowed.test"], ["127.0.0.0/8"], [self.port], {"bench.allowed.test": "127.0.0.1"}
-        )
-        self.proxy = Proxy(rules, Limits(), emit=self.events.append)
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        self.proxy_addr: tuple[str, int] = ("", 0)
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.proxy_addr = self.loop.run_until_complete(self.proxy.start("127.0.0.1", 0))
-            ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("the egress proxy did not start")
-
-    def request(self, via_proxy: bool, path: str = "/") -> None:
-        """One HTTPS GET on a fresh connection (TLS handshake included), as a CLI tool makes it."""
-        import http.client
-        import socket
-
-        if via_proxy:
-            conn = http.client.HTTPSConnection(*self.proxy_addr, timeout=30, context=self.client_ctx)
-            conn.set_tunnel("bench.allowed.test", self.port)
-        else:
-            conn = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=30, context=self.client_ctx)
-            # The same name check as through the proxy: the certificate names bench.allowed.test.
-            raw = socket.create_connection(("127.0.0.1", self.port), timeout=30)
-            conn.sock = self.client_ctx.wrap_socket(raw, server_hostname="bench.allowed.test")
-        try:
-            conn.request("GET", path, headers={"Host": "bench.allowed.test"})
-            response = conn.getresponse()
-            body = response.read()
-            if response.status != 200 or body != b"ok":
-                raise RuntimeError(f"unexpected reply {response.status} {body[:50]!r}")
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        import asyncio
-
-        asyncio.run_coroutine_threadsafe(self.proxy.close(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def bench_egress_proxy(plan: Plan) -> list[Result]:
-    """E1, E2: the proxy's added latency per HTTPS request, and 200 concurrent connections."""
-    import tempfile
-
-    n = 100 if plan.quick else 300
-    proxied = Series("GET via proxy (CONNECT+TLS)", "ms")
-    direct = Series("GET direct (TLS)", "ms")
-    added = Series("proxied - direct, paired", "ms")
-    with tempfile.TemporaryDirectory() as tmp:
-        servers = _EgressServers(Path(tmp))
-        try:
-            for _ in range(20):  # warm-up
-                servers.request(True)
-                servers.request(False)
-            for _ in range(n):  # ABAB, so drift hits both sides alike
-                d = timed(lambda: servers.request(False))
-                p = timed(lambda: servers.request(True))
-                direct.samples.append(d)
-                proxied.samples.append(p)
-                added.samples.append(max(p - d, 0.0))
-            # E2: 200 connections at once through the one proxy.  An allowed event comes
-            # when its connection closes, maybe after the client returned: wait for E1's.
-            end = time.monotonic() + 10
-            while len(servers.events) < 20 + n and time.monotonic() < end:
-                time.sleep(0.01)
-            before = len(servers.events)
-            fds_before = len(os.listdir("/proc/self/fd"))
-            barrier = threading.Barrier(200, timeout=60)
-            errors: list[str] = []
-
-            def one(i: int) -> float:
-                barrier.wait()
-                t0 = time.perf_counter()
-                try:
-                    servers.request(True, f"/{i}")
-                except Exception as exc:
-                    errors.append(f"{type(exc).__name__}: {exc}")
-                return time.perf_counter() - t0
-
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(200) as pool:
-                latencies = list(pool.map(one, range(200)))
-            wall = time.perf_counter() - t0
-            end = time.monotonic() + 10
-            while (servers.proxy.active or len(servers.events) < before + 200) and time.monotonic() < end:
-                time.sleep(0.01)
-            leaked = servers.proxy.active
-            fds_after = len(os.listdir("/proc/self/fd"))
-            allowed = sum(1 for e in servers.events[before:] if e["type"] == "egress.allowed")
-        finally:
-            servers.close()
-    concurrent = Series("200 concurrent GETs via proxy", "ms", latencies)
-    if errors or leaked or allowed != 200:
-        raise RuntimeError(
-            f"200 concurrent: {len(errors)} errors {errors[:3]}, {leaked} open, {allowed} events"
-        )
-    notes = [
-        "in-process proxy (the code the proxy container runs) and HTTPS server on loopback; each request "
-        "is a fresh connection with its own TLS handshake; added = proxied - direct of each ABAB pair",
-    ]
-    c_notes = [
-        f"200 threads released together: wall {wall * 1e3:.0f} ms, 0 errors, 200 egress.allowed events, "
-        f"0 connections open afterwards, descriptors {fds_before} -> {fds_after}",
-    ]
-    return [
-        Result("-", "E1", "HTTPS request via the egress proxy", proxied, direct, notes=notes),
-        Result("-", "E1a", "added latency per HTTPS request", added, None, Target("p50_le", 2.0)),
-        Result("-", "E2", "200 concurrent via one proxy", concurrent, None, notes=c_notes),
-    ]
-
-
-def bench_egress_start(backend: str, plan: Plan) -> Result:
-    """E3: ``Sandbox()`` with an allowlist vs without network, interleaved."""
-    from agentnest import NetworkPolicy
-
-    n = 8 if plan.quick else 20
-    policy = SecurityPolicy(network=NetworkPolicy.allowlist(domains=["bench.allowed.test"]))
-    ours = Series("Sandbox(allowlist)", "ms")
-    base = Series("Sandbox() (no network)", "ms")
-    destroy: dict[str, list[float]] = {"allowlist": [], "none": []}
-    with Reaper() as reaper:
-
-        def one(kind: str) -> float:
-            kwargs: dict[str, Any] = {"security_policy": policy} if kind == "allowlist" else {}
-            t0 = time.perf_counter()
-            sandbox = reaper.sandbox(backend, **kwargs)
-            took = time.perf_counter() - t0
-            if sandbox.exec_shell("echo hi").stdout != "hi\n":
-                raise RuntimeError("the sandbox did not answer")
-            destroy[kind].append(timed(sandbox.destroy))
-            return took
-
-        one("allowlist")  # warm-up
-        one("none")
-        for _ in range(n):
-            ours.samples.append(one("allowlist"))
-            base.samples.append(one("none"))
-    notes = [
-        "start = Sandbox() returning (proxy listening, agent ready); "
-        f"destroy p50: allowlist {percentile(destroy['allowlist'], 50) * 1e3:.0f} ms, "
-        f"no network {percentile(destroy['none'], 50) * 1e3:.0f} ms",
-    ]
-    return Result(backend, "E3", "start with an allowlist", ours, base, Target("ratio_le", 1.5), notes=notes)
-
-
-def bench_egress(backend: str, plan: Plan) -> list[Result]:
-    """E: the egress allowlist.  E1/E2 do not depend on the sandbox's runtime (the proxy
-    runs with runc): measured once, with the docker backend."""
-    results = [bench_egress_start(backend, plan)]
-    if backend == "docker":
-        results = [*bench_egress_proxy(plan), *results]
-        for r in results:
-            r.backend = backend
-    return results
-
-
 def machine_info(client: docker.DockerClient) -> dict[str, Any]:
     info = client.info()
     version = client.version()
@@ -1473,6 +1063,18 @@ def machine_info(client: docker.DockerClient) -> dict[str, Any]:
         "agentnest_sandboxes_running_at_start": len(client.containers.list()) - len(others),
         "other_containers_running_at_start": len(others),
     }
+
+
+#: The sizes of the rows seed.py measures with 0.3.0: the ones ours use.
+SEED_SIZES = {
+    "F1": FORK_SIZES[0],
+    "F100": FORK_SIZES[1],
+    "T1": SNAP_SIZE,
+    "T2": SNAP_SIZE,
+    "4w": FILE_SIZE,
+    "4r": FILE_SIZE,
+    "P3": POOL_BURST_SIZE,
+}
 
 
 def run_backend(
@@ -1511,32 +1113,6 @@ def run_backend(
     return results
 
 
-def summary(results: list[Result]) -> str:
-    header: tuple[str, ...] = ("backend", "#", "measurement", "n", "ours p50", "ours p95", "floor p50")
-    header += ("ours/floor", "target", "result")
-    rows: list[tuple[str, ...]] = [header]
-    for r in results:
-        ratio = r.ratio
-        rows.append(
-            (
-                r.backend,
-                r.key,
-                r.name,
-                str(r.ours.n) if r.error is None else "-",
-                fmt(r.ours.p50, r.ours.unit) if r.error is None else "-",
-                fmt(r.ours.p95, r.ours.unit) if r.error is None else "-",
-                fmt(r.floor.p50, r.floor.unit) if r.floor is not None else "-",
-                f"{ratio:.2f}x" if ratio is not None else "-",
-                r.target.text(r.ours.unit) if r.target is not None else "-",
-                r.verdict,
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -1544,9 +1120,18 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer samples (about 2 minutes)")
-    parser.add_argument("--backend", choices=[*BACKENDS, "all"], default="all")
+    runtimes = {runtime: name for name, runtime in BACKENDS.items()}  # --backend runc is docker
+    parser.add_argument(
+        "--backend", choices=[*BACKENDS, *runtimes, "all"], default="all", help="a backend or its OCI runtime"
+    )
     parser.add_argument("--json", metavar="PATH", help="write every result and sample here")
     parser.add_argument("--only", metavar="KEYS", help="run only these steps, e.g. 2,G (default: all)")
+    parser.add_argument(
+        "--compare-seed",
+        action="store_true",
+        help=f"also measure agentnest {seed.SEED_VERSION} (pip-installed once into a cached venv) on "
+        "the fork, snapshot/restore, file and pool rows of the selected steps, and print ours/seed",
+    )
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     parser.add_argument("--memory-count", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument("--memory-stats", type=int, default=8, help=argparse.SUPPRESS)
@@ -1563,6 +1148,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     plan = Plan.make(args.quick)
+    seed_python: Path | None = None
+    if args.compare_seed:  # before any measurement: a missing seed fails fast
+        try:
+            seed_python = seed.seed_python()
+        except seed.SeedError as exc:
+            print(f"--compare-seed: {exc}", file=sys.stderr)
+            return 2
     client = docker.from_env(max_pool_size=32)
     meta = machine_info(client)
     print(f"AgentNest {meta['agentnest']} benchmarks ({'quick' if plan.quick else 'full'} run)")
@@ -1580,8 +1172,13 @@ def main(argv: list[str] | None = None) -> int:
         f"AgentNest sandboxes: {meta['agentnest_sandboxes_running_at_start']}",
         flush=True,
     )
+    if seed_python is not None:
+        meta["seed"] = {"version": seed.SEED_VERSION, "python": str(seed_python)}
+        print(f"seed: agentnest {seed.SEED_VERSION} in {seed_python.parent.parent}", flush=True)
 
-    selected = list(BACKENDS) if args.backend == "all" else [args.backend]
+    only = set(args.only.split(",")) if args.only else None
+    seed_rows: list[seed.SeedRow] = []
+    selected = list(BACKENDS) if args.backend == "all" else [runtimes.get(args.backend, args.backend)]
     results: list[Result] = []
     skipped: list[str] = []
     started = time.perf_counter()
@@ -1592,7 +1189,14 @@ def main(argv: list[str] | None = None) -> int:
             skipped.append(backend)
             continue
         print(f"\n== {backend} (runtime {runtime}) ==", flush=True)
-        results += run_backend(backend, client, plan, set(args.only.split(",")) if args.only else None)
+        results += run_backend(backend, client, plan, only)
+        if seed_python is not None:
+            rows = seed.plan_rows(plan, only, SEED_SIZES)
+            if rows:
+                print(f"\n-- {backend}: agentnest {seed.SEED_VERSION} (the seed), same rows --", flush=True)
+                t0 = time.perf_counter()
+                seed_rows += seed.run(seed_python, backend, default_image(), rows)
+                print(f"    (seed took {time.perf_counter() - t0:.1f} s)", flush=True)
     meta["elapsed_s"] = round(time.perf_counter() - started, 1)
     meta["loadavg_end"] = os.getloadavg()
     meta["quick"] = plan.quick
@@ -1607,8 +1211,13 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{verdicts.count('PASS')} PASS, {verdicts.count('MISS')} MISS, {verdicts.count('ERROR')} ERROR "
         "(misses are reported, not raised)"
     )
+    if seed_rows:
+        print(f"\nAgainst agentnest {seed.SEED_VERSION} (the seed; same run, image and OCI runtime)\n")
+        print(seed.comparison(results, seed_rows))
     if args.json:
-        payload = {"meta": meta, "results": [r.to_json() for r in results]}
+        payload: dict[str, Any] = {"meta": meta, "results": [r.to_json() for r in results]}
+        if seed_python is not None:
+            payload["seed"] = [r.to_json() for r in seed_rows]
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 1 if "ERROR" in verdicts else 0

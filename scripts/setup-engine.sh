@@ -4,7 +4,8 @@
 set -euo pipefail
 
 need_pkgs=()
-for pair in docker.io:dockerd runsc:runsc bubblewrap:bwrap debootstrap:debootstrap tini:docker-init; do
+for pair in docker.io:dockerd runsc:runsc bubblewrap:bwrap debootstrap:debootstrap tini:docker-init \
+    btrfs-progs:mkfs.btrfs; do
   pkg=${pair%%:*}; bin=${pair##*:}
   command -v "$bin" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done

@@ -205,6 +205,10 @@ class Workspace:
     def _list_fd(
         self, dfd: int, prefix: str, recursive: bool, max_entries: int, out: List[List[Any]]
     ) -> bool:
+        # Rewound first: btrfs fixes what a directory descriptor lists when it
+        # is rewound (scandir does so on close), and the workspace's root
+        # descriptor lives as long as the agent.
+        os.lseek(dfd, 0, os.SEEK_SET)
         with os.scandir(dfd) as it:
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
@@ -333,6 +337,7 @@ def _rmtree_at(pfd: int, name: str) -> None:
     """Remove a directory tree through descriptors only, never following links."""
     dfd = open_dir(name, pfd)
     try:
+        os.lseek(dfd, 0, os.SEEK_SET)  # see _list_fd
         with os.scandir(dfd) as it:
             entries = list(it)
         for entry in entries:

@@ -6,7 +6,9 @@ Both halves live in this module because both ship as source:
   session, feeds it code as wire frames over a pipe, relays its output,
   display items and results to the host under the host's request id,
   interrupts it (SIGINT) at a run's deadline and kills it if it does not
-  stop within :data:`INTERRUPT_GRACE`;
+  stop within :data:`INTERRUPT_GRACE`; it keeps the sessions' names and ids
+  (the host's keys), so that any host channel to this agent lists them
+  (``session.list``) and attaches to one by name (``session.open`` with a name);
 * the interpreter's half, :func:`child_main`: runs each piece of code in one
   namespace that persists across runs, notebook style (the value of a
   trailing expression comes back as the result).
@@ -75,6 +77,15 @@ HOLD_LIMIT = 64 * 1024
 #: Sessions per agent.  Each costs four of the agent's descriptors and a
 #: Python process; the cap keeps a runaway caller from exhausting either.
 MAX_SESSIONS = 64
+#: A session name: 1 to 64 of these characters, not starting with ``.`` or ``-``.
+#: Names are how a host finds a session again (a new channel to the same
+#: agent, or a live-forked child), so they are plain, printable and short.
+NAME_MAX = 64
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+#: A session key: the host's id for the session (lowercase hex), kept here so
+#: that every host that lists or attaches to it reports the same id.
+KEY_MAX = 32
+KEY_CHARS = frozenset("0123456789abcdef")
 #: After the reply pipe closes, how long to wait for the exit status.
 EOF_WAIT = 1.0
 #: Environment marker of a session's processes (the same one commands carry),
@@ -234,7 +245,9 @@ class Session(object):
         "held",
         "held_bytes",
         "held_cut",
+        "key",
         "marker",
+        "name",
         "outq",
         "outs",
         "pid",
@@ -246,6 +259,7 @@ class Session(object):
         "run",
         "sid",
         "start_deadline",
+        "started",
         "state",
         "waiting",
     )
@@ -262,7 +276,12 @@ class Session(object):
         self.decoder = wire.Decoder(max_body_bytes=DISPLAY_ITEM_LIMIT + 1024)
         self.outq: List[bytes] = []
         self.state = STARTING
-        self.waiting: Optional[int] = None
+        # Requests waiting for "ready": the one that started it, then any
+        # that attached by name while it started.
+        self.waiting: List[int] = []
+        self.name: Optional[str] = None
+        self.key = ""
+        self.started = time.time()
         self.run: Optional[Run] = None
         self.held: List[Tuple[int, bytes]] = []
         self.held_bytes = 0
@@ -316,6 +335,9 @@ class Sessions(object):
         self.by_sid: Dict[int, Session] = {}
         self.by_pid: Dict[int, Session] = {}
         self._fds: Dict[int, Tuple[Session, int]] = {}
+        # Session ids are the agent's own, never a host's request id: another
+        # channel to this agent (a live-forked child's) numbers its requests anew.
+        self._next_sid = 0
 
     # -- requests from the host -------------------------------------------------------
 
@@ -333,9 +355,25 @@ class Sessions(object):
         if not isinstance(rid, int):
             self.error(None, "invalid", "%s needs a request id" % kind)
             return
+        if kind == "session.list":
+            live = [self._summary(s) for s in self.by_sid.values() if s.state != DEAD]
+            self._send({"t": "done", "id": rid, "sessions": live})
+            return
         if kind == "session.open":
-            if rid in self.by_sid:
-                self.error(rid, "protocol", "session %d already exists" % rid)
+            name, key = h.get("name"), h.get("key")
+            if (name is not None and not valid_name(name)) or (key is not None and not valid_key(key)):
+                self.error(rid, "invalid", "session.open: invalid name or key")
+                return
+            named = self._named(name) if name is not None else None
+            if named is not None and named.state != DEAD and h.get("fresh") is not True:
+                self._attach(named, rid)
+            elif named is not None:
+                # Ended (or a fresh one wanted): a new interpreter under the
+                # same name and id, as a reset; a fresh one takes the asker's key.
+                self._dead(named, "the session was reset")
+                self._unlist(named)
+                fresh_key = key if key is not None and h.get("fresh") is True else None
+                self._start(named.sid, rid, named.name, fresh_key or named.key)
             elif len(self.by_sid) >= MAX_SESSIONS:
                 self.error(
                     rid,
@@ -344,7 +382,8 @@ class Sessions(object):
                     "close() sessions you no longer need" % MAX_SESSIONS,
                 )
             else:
-                self._start(rid, rid)
+                self._next_sid += 1
+                self._start(self._next_sid, rid, name, key or os.urandom(6).hex())
             return
         s = self.by_sid.get(_int(h.get("session")))
         if s is None:
@@ -354,7 +393,7 @@ class Sessions(object):
         elif kind == "session.reset":
             self._dead(s, "the session was reset")
             self._unlist(s)
-            self._start(s.sid, rid)
+            self._start(s.sid, rid, s.name, s.key)
         elif kind == "session.close":
             self._dead(s, "the session was closed")
             self._unlist(s)
@@ -362,14 +401,44 @@ class Sessions(object):
         else:
             self.error(rid, "unknown", "unknown request type %r" % kind)
 
-    def _start(self, sid: int, rid: int) -> None:
+    def _start(self, sid: int, rid: int, name: Optional[str], key: str) -> None:
         try:
             s = self._spawn(sid)
         except (OSError, subprocess.SubprocessError) as exc:
             self.error(rid, "spawn", "could not start the Python interpreter %s: %s" % (sys.executable, exc))
             return
-        s.waiting = rid
+        s.waiting = [rid]
+        s.name, s.key = name, key
         self.by_sid[sid] = s
+
+    def _named(self, name: str) -> Optional[Session]:
+        for s in self.by_sid.values():
+            if s.name == name:
+                return s
+        return None
+
+    def _attach(self, s: Session, rid: int) -> None:
+        """Answer ``session.open`` by name with the session that has it."""
+        if s.state == STARTING:
+            s.waiting.append(rid)  # answered when it is ready
+        else:
+            self._send(self._opened(s, rid, attached=True))
+
+    def _opened(self, s: Session, rid: int, attached: bool) -> Dict[str, Any]:
+        reply = self._summary(s)
+        reply.update({"t": "done", "id": rid, "attached": attached})
+        return reply
+
+    def _summary(self, s: Session) -> Dict[str, Any]:
+        return {
+            "session": s.sid,
+            "pid": s.pid,
+            "python": s.python,
+            "name": s.name,
+            "key": s.key,
+            "started": s.started,
+            "state": s.state,
+        }
 
     def _spawn(self, sid: int) -> Session:
         marker = "%s-s%d" % (self._token, sid)
@@ -569,9 +638,9 @@ class Sessions(object):
             s.state = IDLE
             python = h.get("python")
             s.python = python[:40] if isinstance(python, str) else ""
-            if s.waiting is not None:
-                self._send({"t": "done", "id": s.waiting, "session": s.sid, "pid": s.pid, "python": s.python})
-                s.waiting = None
+            for i, waiter in enumerate(s.waiting):
+                self._send(self._opened(s, waiter, attached=i > 0))
+            s.waiting = []
             return
         run = s.run
         if kind == "display":
@@ -718,14 +787,16 @@ class Sessions(object):
         for fd in [s.req_fd, s.rep_fd, *s.outs]:
             if fd is not None:
                 self._forget_fd(s, fd)
-        if s.waiting is not None:
+        if s.waiting:
             tail = b"".join(d for w, d in s.held if w == 2)[-1500:].decode("utf-8", "replace")
-            self.error(
-                s.waiting,
-                "spawn",
-                "the Python interpreter did not start: %s%s" % (reason, "; stderr: " + tail if tail else ""),
-            )
-            s.waiting = None
+            for waiter in s.waiting:
+                self.error(
+                    waiter,
+                    "spawn",
+                    "the Python interpreter did not start: %s%s"
+                    % (reason, "; stderr: " + tail if tail else ""),
+                )
+            s.waiting = []
         run, s.run = s.run, None
         if run is not None:
             self._send(
@@ -753,6 +824,21 @@ class Sessions(object):
 
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
+def valid_name(value: Any) -> bool:
+    """Whether ``value`` is a session name (:data:`NAME_MAX`, :data:`NAME_CHARS`)."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= NAME_MAX
+        and value[0] not in ".-"
+        and all(c in NAME_CHARS for c in value)
+    )
+
+
+def valid_key(value: Any) -> bool:
+    """Whether ``value`` is a session key (:data:`KEY_MAX`, :data:`KEY_CHARS`)."""
+    return isinstance(value, str) and 0 < len(value) <= KEY_MAX and all(c in KEY_CHARS for c in value)
 
 
 # -- the interpreter's half --------------------------------------------------------------

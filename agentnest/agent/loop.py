@@ -19,7 +19,9 @@ from . import exec as execmod
 from . import files, wire
 
 AGENT_VERSION = "0.4.0"
-CAPABILITIES = ["exec", "stream", "stdin", "files", "tree-kill", "session", "pty"]
+#: "session-names": session.open takes a name (and attaches to the session that has
+#: it), session.list lists the live sessions; the registry lives here, in the agent.
+CAPABILITIES = ["exec", "stream", "stdin", "files", "tree-kill", "session", "session-names", "pty"]
 #: While commands or session runs are active, the agent sends at least one
 #: frame this often, so the host can tell a busy agent from a stalled channel.
 HEARTBEAT = 1.0

@@ -40,6 +40,7 @@ from .protocol import (
     parse_display,
     parse_exit,
     parse_hello,
+    parse_session_list,
     parse_session_opened,
     parse_session_ran,
     parse_value,
@@ -323,9 +324,29 @@ class Channel:
         finally:
             self._unregister(p)
 
-    def open_session(self, deadline: float | None, *, reset: int | None = None) -> SessionInfo:
-        """Start a Python session (or restart session ``reset``) and wait until it is ready."""
+    def open_session(
+        self,
+        deadline: float | None,
+        *,
+        reset: int | None = None,
+        name: str | None = None,
+        key: str | None = None,
+        fresh: bool = False,
+    ) -> SessionInfo:
+        """Start a Python session (or restart session ``reset``) and wait until it is ready.
+
+        With ``name`` (agent capability ``session-names``), the agent attaches
+        to the live session of that name if it has one (``info.attached``;
+        ``fresh`` restarts it instead) and starts one under that name if not.
+        ``key`` is the host's id for a new session, which the agent keeps.
+        """
         header: dict[str, Any] = {"t": "session.open"}
+        if name is not None:
+            header["name"] = name
+            if fresh:
+                header["fresh"] = True
+        if key is not None:
+            header["key"] = key
         if reset is not None:
             header = {"t": "session.reset", "session": reset}
         reply = self.session_call(header, deadline)
@@ -337,7 +358,19 @@ class Channel:
         if reset is not None and info.session != reset:
             self.close("protocol violation: the agent reset another session")
             raise ChannelError("the agent broke the protocol: it reset another session")
+        if reset is None and info.name != name:
+            self.close("protocol violation: the agent opened a session of another name")
+            raise ChannelError("the agent broke the protocol: it opened a session of another name")
         return info
+
+    def list_sessions(self, deadline: float | None) -> tuple[SessionInfo, ...]:
+        """The agent's live Python sessions (capability ``session-names``)."""
+        reply = self.session_call({"t": "session.list"}, deadline)
+        try:
+            return parse_session_list(reply)
+        except ProtocolViolation as exc:
+            self.close(f"protocol violation: {exc}")
+            raise ChannelError(f"the agent broke the protocol: {exc}") from None
 
     def start_session_run(
         self, session: int, code: bytes, *, timeout: float | None, max_output: int
@@ -494,11 +527,17 @@ def _raise_if_error(header: Header, path: str | None) -> None:
     raise FileAccessError(message, path=path, code=code)
 
 
+class SessionBusy(ChannelError):
+    """The agent refused a run: the session runs other code (sent on an earlier channel)."""
+
+
 def _session_error(header: Header) -> Exception:
     code, message = error_fields(header)
     # A closed table: the agent's code picks one of these, never a class.
     if code in ("session_lost", "no_session", "spawn", "too_many_sessions"):
         return SessionLostError(message)
+    if code == "busy":
+        return SessionBusy(f"the agent refused the run: {message}")
     return ChannelError(f"the agent refused the session request ({code}): {message}")
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "parse_display",
     "parse_exit",
     "parse_hello",
+    "parse_session_list",
     "parse_session_opened",
     "parse_session_ran",
     "parse_value",
@@ -139,11 +140,21 @@ def parse_exit(h: Header) -> RawExit:
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
-    """A Python session the agent started (checked)."""
+    """A Python session the agent started, attached to or listed (checked)."""
 
     session: int
     pid: int
     python: str
+    name: str | None = None
+    """Its name; None for an anonymous session."""
+    key: str = ""
+    """The id the host gave it, as the agent keeps it ("" if the reply had none)."""
+    started: float = 0.0
+    """When its interpreter started: Unix time by the sandbox's clock (0.0: not said)."""
+    busy: bool = False
+    """It runs code or is still starting."""
+    attached: bool = False
+    """The interpreter already existed: a ``session.open`` by name attached to it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,10 +195,53 @@ def _duration(h: Header) -> float:
 def parse_session_opened(h: Header) -> SessionInfo:
     if h.get("t") != "done":
         raise ProtocolViolation(f"expected a done frame for the session, got {h.get('t')!r:.40}")
+    return _session(h)
+
+
+def parse_session_list(h: Header) -> tuple[SessionInfo, ...]:
+    """The reply to ``session.list``: at most ``MAX_SESSIONS`` distinct live sessions."""
+    if h.get("t") != "done":
+        raise ProtocolViolation(f"expected a done frame for the session list, got {h.get('t')!r:.40}")
+    entries = h.get("sessions")
+    if not isinstance(entries, list) or len(entries) > interpreter.MAX_SESSIONS:
+        raise ProtocolViolation(f"the session list is not a list of at most {interpreter.MAX_SESSIONS}")
+    found: list[SessionInfo] = []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise ProtocolViolation("a session list entry is not an object")
+        info = _session(entry)
+        if not info.key:
+            raise ProtocolViolation("a session list entry has no key")
+        found.append(info)
+    names = [i.name for i in found if i.name is not None]
+    if len({i.session for i in found}) != len(found) or len(set(names)) != len(names):
+        raise ProtocolViolation("the session list repeats a session or a name")
+    return tuple(found)
+
+
+def _session(h: Header) -> SessionInfo:
+    name = h.get("name")
+    if name is not None and not interpreter.valid_name(name):
+        raise ProtocolViolation(f"session name {name!r:.80} is invalid")
+    key = h.get("key", "")
+    if key != "" and not interpreter.valid_key(key):
+        raise ProtocolViolation(f"session key {key!r:.80} is invalid")
+    started = h.get("started", 0.0)
+    # NaN and infinities fail the range check too.
+    if isinstance(started, bool) or not isinstance(started, (int, float)) or not 0 <= started < 1e11:
+        raise ProtocolViolation(f"session start time {started!r:.40} is invalid")
+    state = h.get("state", "idle")
+    if state not in ("starting", "idle", "running"):
+        raise ProtocolViolation(f"session state {state!r:.40} is invalid")
     return SessionInfo(
         session=_int(h, "session", 1, 1 << 62),
         pid=_int(h, "pid", 1, 1 << 22),
         python=_str(h, "python", 40),
+        name=name,
+        key=key,
+        started=float(started),
+        busy=state != "idle",
+        attached=h.get("attached") is True,
     )
 
 

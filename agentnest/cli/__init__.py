@@ -14,16 +14,17 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import AgentNestError, ConfigurationError
-from . import audit, backends, demo, doctor, image, mcp, profiles, prune, run, serve, shell
+from . import audit, backends, demo, doctor, image, mcp, profiles, prune, run, serve, setup, shell
 from ._output import error
 
 #: The commands in the order ``agentnest --help`` lists them.
-COMMANDS = (demo, doctor, run, shell, backends, image, profiles, prune, audit, serve, mcp)
+COMMANDS = (demo, doctor, setup, run, shell, backends, image, profiles, prune, audit, serve, mcp)
 
 _EPILOG = """\
 examples:
   agentnest demo                        # a guided tour of what a sandbox blocks
   agentnest doctor                      # check the engine and that limits are enforced
+  sudo agentnest setup                  # the storage pool for disk workspaces
   agentnest run -- python3 -c 'print(6 * 7)'
   agentnest shell --backend gvisor        # an interactive shell, removed on exit
   agentnest prune --dry-run             # what expired sandboxes left behind

@@ -24,7 +24,8 @@ ENGINE_HINT = "start it with `make engine` or `sudo systemctl start docker` (or 
 _EPILOG = """\
 Checks, one line each (OK, FAIL with a fix, or SKIP when a fact cannot be
 seen from here): the engine answers; the runc and runsc (gVisor) OCI
-runtimes are registered; the default image is present; then, inside a real
+runtimes are registered; the storage pool for disk workspaces is mounted
+(optional); the default image is present; then, inside a real
 sandbox per backend, that the limits hold: uid 65532, no capabilities,
 no-new-privileges, seccomp, read-only root, loopback only, memory, process
 and workspace limits.  By default the sandbox checks run on docker, and on
@@ -173,6 +174,7 @@ def _engine_checks(report: _Report, docker: DockerBackend, image: str, *, gvisor
     except AgentNestError as exc:
         report.add(scope, "default image", FAIL, str(exc))
         return True
+    _storage_check(report, scope, docker)
     if present:
         report.add(scope, "default image", OK, f"{image} present")
     else:
@@ -184,6 +186,33 @@ def _engine_checks(report: _Report, docker: DockerBackend, image: str, *, gvisor
             "build it: `agentnest image base` (or `make image`)",
         )
     return True
+
+
+def _storage_check(report: _Report, scope: str, docker: DockerBackend) -> None:
+    """The storage pool of disk workspaces: optional (without it workspaces live in memory)."""
+    from ..runtime import storage
+
+    name = "storage pool"
+    if not storage.local_engine(docker.spec.docker_host):
+        report.add(scope, name, SKIP, "the engine is not on this host: workspaces live in memory")
+        return
+    status = storage.probe(docker.spec.storage)
+    if status.ready:
+        report.add(
+            scope,
+            name,
+            OK,
+            f"{status.root}: {storage.human_size(status.free)} free of {storage.human_size(status.size)}, "
+            f"{status.workspaces} workspace(s)",
+        )
+    else:
+        report.add(
+            scope,
+            name,
+            SKIP,
+            f"{status.detail}: workspaces live in memory (at most the memory limit)",
+            "make it as root: `agentnest setup` (or `make engine`)",
+        )
 
 
 def _sandbox_checks(report: _Report, name: str, backend: RuntimeBackend) -> None:

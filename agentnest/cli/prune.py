@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 _EPILOG = """\
 Only resources labelled agentnest.managed=true are considered: containers
 (running or stopped, removed with their anonymous volumes), then networks,
-then volumes.  By default a resource goes once its deadline label has
+then volumes; then disk workspaces in the storage pool whose sandbox has no
+container left (their blocks go back to the host).  By default a resource goes once its deadline label has
 passed; --orphans adds those whose owner process on this host has exited;
 --all takes every AgentNest resource, running sandboxes included.
 Exit code 1 if anything could not be removed.
@@ -61,7 +62,12 @@ def handle(args: argparse.Namespace) -> int:
     now = time.time()
     with status("looking for expired sandboxes" if args.dry_run else "pruning"):
         report = prune(
-            backend.api, now=now, dry_run=args.dry_run, orphans=args.orphans, everything=args.everything
+            backend.api,
+            now=now,
+            dry_run=args.dry_run,
+            orphans=args.orphans,
+            everything=args.everything,
+            pool=backend.storage_pool(),
         )
     print(render(report, now))
     for message in report.errors:
@@ -82,6 +88,8 @@ def render(report: PruneReport, now: float) -> str:
         f"{_plural(len(report.containers), 'container')}, {_plural(len(report.networks), 'network')}, "
         f"{_plural(len(report.volumes), 'volume')}"
     )
+    if report.workspaces:
+        counts += f", {_plural(len(report.workspaces), 'workspace')}"
     summary = (
         f"would remove {counts} (dry run: nothing was removed)" if report.dry_run else f"removed {counts}"
     )

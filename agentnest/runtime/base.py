@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..channel.streams import ByteStream
@@ -53,6 +55,11 @@ class Capability(str, enum.Enum):
     FORK = "fork"
     SNAPSHOT = "snapshot"
     PAUSE = "pause"
+    DISK_WORKSPACE = "workspace.disk"
+    """Can give a sandbox a disk-backed, kernel-bounded, copy-on-write workspace
+    (``workspace="disk"``: the storage pool, :mod:`agentnest.runtime.storage`).
+
+    .. versionadded:: 0.4.0"""
     SECURITY_PROFILES = "security-profiles"
     """Applies a policy's own seccomp or AppArmor profile (and refuses one it cannot).
 
@@ -138,6 +145,50 @@ class RuntimeBackend(ABC):
     def exit_reason(self, handle: SandboxHandle) -> str | None:
         """Why a sandbox that is no longer running stopped, if known."""
         return None
+
+    # -- host-side workspace (the fast paths; every method has a channel fallback) --
+
+    def workspace_path(self, handle: SandboxHandle, *, write: bool = False) -> Path | None:
+        """The live workspace's directory on this host, or ``None`` (the default).
+
+        With ``write``, only if what the host writes there is what the
+        sandbox then sees (not so where the sandbox's kernel caches the
+        directory tree, as gVisor's does).
+
+        Only a backend whose workspace this process can reach directly (a
+        local storage pool) returns one; callers then read, write, snapshot
+        and fork from the host side instead of through the agent channel.
+        Its contents are the sandbox's: untrusted, and changing under the
+        caller unless the sandbox is frozen (:meth:`frozen`).
+        """
+        return None
+
+    def frozen(self, handle: SandboxHandle) -> AbstractContextManager[None]:
+        """Stop every process of the sandbox for the duration of the ``with``.
+
+        For a consistent copy of the workspace; the default does nothing
+        (for backends without :meth:`workspace_path`).
+        """
+        return nullcontext()
+
+    def frozen_workspace(self, handle: SandboxHandle) -> AbstractContextManager[Path]:
+        """A read-only copy of the workspace at this instant, on this host, for the ``with``.
+
+        Raises:
+            UnsupportedCapabilityError: no host-side workspace (the default).
+        """
+        raise UnsupportedCapabilityError(f"the {self.name} backend has no host-side workspace")
+
+    def create_fork(self, parent: SandboxHandle, config: SandboxConfig) -> SandboxHandle:
+        """Like :meth:`create`, with the workspace a copy-on-write copy of ``parent``'s.
+
+        The parent is frozen for the instant of the copy.  Only for a parent
+        with a :meth:`workspace_path`.
+
+        Raises:
+            UnsupportedCapabilityError: the backend cannot (the default).
+        """
+        raise UnsupportedCapabilityError(f"the {self.name} backend cannot copy a workspace on the host")
 
     def logs(self, handle: SandboxHandle, tail: int = 200) -> str:
         """The sandbox's own log (bounded), if the backend keeps one."""

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agentnest import Sandbox
+from agentnest.runtime.storage import StoragePool
 
 SANDBOX_UID = 65532
 OCI_RUNTIME = {"docker": "runc", "gvisor": "runsc"}
@@ -124,3 +125,16 @@ def spawn_host(code: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", code, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
     )
+
+
+def need_storage_pool() -> StoragePool:
+    """The storage pool of disk workspaces; a skip without one (a failure under ``make test``)."""
+    from agentnest.runtime import storage
+
+    pool = storage.find_pool()
+    if pool is None:
+        reason = f"no storage pool: {storage.probe().detail} (make it with `agentnest setup`)"
+        if os.environ.get("AGENTNEST_REQUIRE_ENGINE") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return pool

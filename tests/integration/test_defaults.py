@@ -17,6 +17,7 @@ import docker.errors
 import pytest
 
 from agentnest import Sandbox, Secret
+from agentnest.runtime.base import Capability
 from agentnest.runtime.docker import seccomp
 
 from .helpers import OCI_RUNTIME, SANDBOX_UID, container_of, owner_label, xfail_on
@@ -216,8 +217,8 @@ for p in ("/workspace/defaults-probe.txt", "/tmp/defaults-probe.txt"):
     assert shared_sandbox.exec_json(code, timeout=30) == ["ok", "ok"]
 
 
-def test_writable_mounts_are_memory_backed(shared_sandbox: Sandbox) -> None:
-    """The sandbox cannot fill the host's disk: what it may write lives in tmpfs."""
+def test_writable_mounts_are_bounded(shared_sandbox: Sandbox) -> None:
+    """The sandbox cannot fill the host's disk: /tmp is a tmpfs, the workspace the pool's or a tmpfs."""
     code = r"""
 import json
 out = {}
@@ -228,9 +229,17 @@ with open("/proc/self/mounts") as f:
 print(json.dumps(out))
 """
     mounts = shared_sandbox.exec_json(code, timeout=30)
-    for target in ("/workspace", "/tmp"):
-        assert mounts[target][0] == "tmpfs", target
-        assert "rw" in mounts[target][1]
+    on_disk = shared_sandbox.config.limits.workspace_medium == "disk"
+    # With a storage pool on this host (`make test` makes one) the default is the disk.
+    assert on_disk == (Capability.DISK_WORKSPACE in shared_sandbox.backend.capabilities())
+    assert mounts["/tmp"][0] == "tmpfs"
+    assert "rw" in mounts["/tmp"][1] and "rw" in mounts["/workspace"][1]
+    if not on_disk:
+        assert mounts["/workspace"][0] == "tmpfs"
+    elif shared_sandbox.backend.oci_runtime == "runc":
+        # The pool's subvolume itself (gVisor shows its own file system type here).
+        assert mounts["/workspace"][0] == "btrfs"
+        assert {"nosuid", "nodev"} <= set(mounts["/workspace"][1])
     assert "ro" in mounts["/"][1]
 
 

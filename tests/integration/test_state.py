@@ -30,7 +30,7 @@ from agentnest import (
     state,
 )
 
-from .helpers import container_of, owned_containers
+from .helpers import container_of, need_storage_pool, owned_containers
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -100,9 +100,18 @@ chmod 600 data/blob.bin
 """
 
 
+@pytest.fixture(params=["disk", "memory"])
+def workspace(request: pytest.FixtureRequest) -> str:
+    """Both paths: "disk" works from the host (the storage pool), "memory" through the agent."""
+    medium: str = request.param
+    if medium == "disk":
+        need_storage_pool()
+    return medium
+
+
 @pytest.fixture
-def parent(backend_name: str) -> Iterator[Sandbox]:
-    with Sandbox(backend=backend_name, timeout=600) as sb:
+def parent(backend_name: str, workspace: str) -> Iterator[Sandbox]:
+    with Sandbox(backend=backend_name, workspace=workspace, timeout=600) as sb:
         sh(sb, FILL)
         yield sb
 
@@ -170,8 +179,8 @@ def test_eight_parallel_forks_of_one_parent(parent: Sandbox) -> None:
             child.destroy()
 
 
-def test_fork_of_a_destroyed_sandbox(backend_name: str, docker_client: Any) -> None:
-    sb = Sandbox(backend=backend_name, timeout=120)
+def test_fork_of_a_destroyed_sandbox(backend_name: str, docker_client: Any, workspace: str) -> None:
+    sb = Sandbox(backend=backend_name, workspace=workspace, timeout=120)
     sb.destroy()
     before = owned_containers(docker_client)
     with pytest.raises(SandboxDestroyedError):
@@ -179,8 +188,8 @@ def test_fork_of_a_destroyed_sandbox(backend_name: str, docker_client: Any) -> N
     assert owned_containers(docker_client) == before
 
 
-def test_a_refused_fork_leaves_no_child(backend_name: str, docker_client: Any) -> None:
-    with Sandbox(backend=backend_name, timeout=300) as sb:
+def test_a_refused_fork_leaves_no_child(backend_name: str, docker_client: Any, workspace: str) -> None:
+    with Sandbox(backend=backend_name, workspace=workspace, timeout=300) as sb:
         sh(sb, "echo ok > ok.txt && ln -s /etc/passwd out")
         before = owned_containers(docker_client)
         with pytest.raises(SnapshotError) as caught:
@@ -190,8 +199,8 @@ def test_a_refused_fork_leaves_no_child(backend_name: str, docker_client: Any) -
         assert sb.read_file("ok.txt") == "ok\n"
 
 
-def test_python_sessions_restart_in_the_child(backend_name: str) -> None:
-    with Sandbox(backend=backend_name, timeout=300) as sb:
+def test_python_sessions_restart_in_the_child(backend_name: str, workspace: str) -> None:
+    with Sandbox(backend=backend_name, workspace=workspace, timeout=300) as sb:
         session = sb.python_session()
         session.run("x = 41").check()
         with sb.fork() as child:
@@ -200,7 +209,7 @@ def test_python_sessions_restart_in_the_child(backend_name: str) -> None:
         assert session.run("x + 1").check().result == "42"
 
 
-def test_sparse_files_stay_sparse(backend_name: str, tmp_path: Path) -> None:
+def test_sparse_files_stay_sparse(backend_name: str, tmp_path: Path, workspace: str) -> None:
     # A 1 GiB file in a 64 MiB workspace exists only because it is sparse; a
     # dense copy anywhere on the way would not fit (and would cost 1 GiB).
     offsets = [0, 100 * MiB, 700 * MiB, GiB - 8]
@@ -213,7 +222,12 @@ def test_sparse_files_stay_sparse(backend_name: str, tmp_path: Path) -> None:
         "os.pwrite(fd, os.urandom(3 * 1024 * 1024), 300 * 1024 * 1024)\n"
     )
     with Sandbox(
-        backend=backend_name, timeout=600, workspace_size="64m", memory="256m", scratch_size="16m"
+        backend=backend_name,
+        workspace=workspace,
+        timeout=600,
+        workspace_size="64m",
+        memory="256m",
+        scratch_size="16m",
     ) as sb:
         sb.exec_python(make, timeout=120).check()
         original = usage(sb, "big.img", offsets)
@@ -260,11 +274,13 @@ def test_snapshot_and_restore_on_a_read_only_root(parent: Sandbox, tmp_path: Pat
     assert EventType.SNAPSHOT_CREATED in [e.type for e in events.events]
 
 
-def test_compressed_snapshot_and_from_snapshot(parent: Sandbox, tmp_path: Path, backend_name: str) -> None:
+def test_compressed_snapshot_and_from_snapshot(
+    parent: Sandbox, tmp_path: Path, backend_name: str, workspace: str
+) -> None:
     path = tmp_path / "snap.tar.gz"
     meta = parent.snapshot(path, compress=True)
     assert meta.compressed and path.read_bytes()[:2] == b"\x1f\x8b"
-    with Sandbox.from_snapshot(path, backend=backend_name, timeout=300) as fresh:
+    with Sandbox.from_snapshot(path, backend=backend_name, workspace=workspace, timeout=300) as fresh:
         assert fresh.config.image == meta.image
         assert fresh.id != parent.id
         assert listing(fresh) == listing(parent)
@@ -330,8 +346,10 @@ def test_hostile_and_broken_snapshots_leave_the_sandbox_intact(parent: Sandbox, 
     assert sh(parent, "test ! -e /tmp/evil && echo absent") == "absent\n"
 
 
-def test_restore_needs_room_for_old_and_new(backend_name: str, tmp_path: Path) -> None:
-    with Sandbox(backend=backend_name, timeout=300, workspace_size="24m", memory="256m") as sb:
+def test_restore_needs_room_for_old_and_new(backend_name: str, tmp_path: Path, workspace: str) -> None:
+    with Sandbox(
+        backend=backend_name, workspace=workspace, timeout=300, workspace_size="24m", memory="256m"
+    ) as sb:
         sh(sb, "head -c 14000000 /dev/urandom > a.bin")
         path = tmp_path / "s.tar"
         sb.snapshot(path)

@@ -539,8 +539,9 @@ def test_the_writer_finds_holes_by_reading_when_seek_hole_is_missing(tmp_path: P
     workspace.mkdir()
     with open(workspace / "z.bin", "wb") as f:
         f.write(bytes(1 << 20) + b"data" + bytes(1 << 20))
-    code = state._WRITER.replace("os.lseek(fd, 0, os.SEEK_HOLE)\n", "raise OSError(22, 'no SEEK_HOLE')\n", 1)
-    assert code != state._WRITER
+    writer = state._source(state._WRITER)
+    code = writer.replace("os.lseek(fd, 0, os.SEEK_HOLE)\n", "raise OSError(22, 'no SEEK_HOLE')\n", 1)
+    assert code != writer
     args = {"root": str(workspace), "sub": "", "prefix": "workspace", "max_bytes": 1 << 30, "max_entries": 10}
     proc = subprocess.run(
         ["python3", "-I", "-S", "-c", code, json.dumps(args)], capture_output=True, check=True
@@ -1077,8 +1078,8 @@ def test_from_snapshot_of_a_bad_file_creates_nothing(env: Env) -> None:
 def test_the_stream_into_the_extractor_is_flow_controlled(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     # With a small window the host must wait for acknowledgements many times,
     # and never has more than a window and a frame in flight.
-    monkeypatch.setattr(state, "ACK_WINDOW", 64 * 1024)
-    monkeypatch.setattr(state, "ACK_EVERY", 16 * 1024)
+    monkeypatch.setattr(state.programs, "ACK_WINDOW", 64 * 1024)
+    monkeypatch.setattr(state.programs, "ACK_EVERY", 16 * 1024)
     sb = env.sandbox()
     data = os.urandom(3 << 20)
     (env.ws(sb) / "blob").write_bytes(data)

@@ -8,8 +8,10 @@ security choice, explained where it is set):
 * no network (``network_mode=none``: loopback only), or with an egress
   allowlist only a per-sandbox internal network whose one way out is a
   filtering proxy container (see :mod:`.egress` and docs/egress.md);
-* memory (no swap), CPU, PID limits; ``/workspace`` and ``/tmp`` are tmpfs
-  mounts with a fixed size, so the sandbox cannot fill the host's disk;
+* memory (no swap), CPU, PID limits; ``/tmp`` is a tmpfs mount with a
+  fixed size, and ``/workspace`` either a subvolume of the storage pool with
+  a kernel-enforced quota (:mod:`agentnest.runtime.storage`) or a tmpfs, so
+  the sandbox cannot fill the host's disk;
 * PID 1 is the deadline keeper, which reaps orphans like an init and
   which sandbox code cannot kill;
 * no container log (``none`` driver): the agent's stream is the container's
@@ -44,7 +46,7 @@ from ...errors import (
     UnsupportedCapabilityError,
 )
 from ...policy import NetworkMode
-from .. import bootstrap
+from .. import bootstrap, storage
 from ..base import Capability, RuntimeBackend, SandboxHandle
 from . import egress, images, labels, seccomp
 
@@ -90,6 +92,10 @@ class DockerSpec:
         image_aliases: requested image -> local image the engine runs instead
             (the policy judges the requested one); ``None`` reads
             ``$AGENTNEST_IMAGE_ALIASES`` at each create (see :mod:`.images`).
+        storage: the mount point of the storage pool for disk workspaces
+            (``None``: ``$AGENTNEST_STORAGE`` or /var/lib/agentnest/storage;
+            ``""``: no disk workspaces).  Used only when the engine runs on
+            this host (a unix socket).
 
     .. versionchanged:: 0.4.0 the ``egress_*``, ``proxy_*``,
        ``network_oci_runtime`` and ``image_aliases`` fields.
@@ -108,6 +114,7 @@ class DockerSpec:
     proxy_oci_runtime: str = "runc"
     network_oci_runtime: str | None = None
     image_aliases: Mapping[str, str] | None = field(default=None, hash=False)
+    storage: str | None = None
 
     def __post_init__(self) -> None:
         from ...egress.proxy import Rules
@@ -180,6 +187,7 @@ class DockerBackend(RuntimeBackend):
         self._info: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self._known_images: set[str] = set()
+        self._pool: storage.StoragePool | None = None
 
     # -- engine --------------------------------------------------------------
 
@@ -229,6 +237,13 @@ class DockerBackend(RuntimeBackend):
                     "/etc/docker/daemon.json (`make engine` does) and reload dockerd"
                 )
 
+    def storage_pool(self) -> storage.StoragePool | None:
+        """The storage pool for disk workspaces, or ``None`` (remote engine, or no pool)."""
+        if self._pool is None and self.spec.storage != "" and storage.local_engine(self.spec.docker_host):
+            # Not found is looked for again next time: `agentnest setup` may run meanwhile.
+            self._pool = storage.find_pool(self.spec.storage)
+        return self._pool
+
     @property
     def oci_runtime(self) -> str:
         # runsc-host is gVisor too (with host networking in the container's namespace).
@@ -251,6 +266,8 @@ class DockerBackend(RuntimeBackend):
             Capability.SECURITY_PROFILES,
             Capability.ROOTLESS,
         }
+        if self.storage_pool() is not None:
+            caps.add(Capability.DISK_WORKSPACE)
         if self.spec.oci_runtime == "runc":
             caps.add(Capability.NETWORK_OPEN)
         if self.spec.oci_runtime == "runc" or self._is_gvisor():
@@ -262,6 +279,50 @@ class DockerBackend(RuntimeBackend):
     # -- lifecycle -----------------------------------------------------------
 
     def create(self, config: SandboxConfig) -> SandboxHandle:
+        return self._create(config, None)
+
+    def create_fork(self, parent: SandboxHandle, config: SandboxConfig) -> SandboxHandle:
+        if self.workspace_path(parent) is None or config.limits.workspace_medium != "disk":
+            raise UnsupportedCapabilityError("only a sandbox with a disk workspace forks on the host")
+        return self._create(config, parent)
+
+    def workspace_path(self, handle: SandboxHandle, *, write: bool = False) -> Path | None:
+        path = handle.info.get("workspace_path")
+        if write and self._is_gvisor():
+            # gVisor's Sentry caches the tree of a bind mount: after renames on
+            # the host (a restore's swap) it served stale entries (checked with
+            # runsc 20221219), so the host only reads there; writes go through
+            # the agent.  Reads are coherent: bind mounts are file-access=shared.
+            return None
+        return path if isinstance(path, Path) else None
+
+    @contextlib.contextmanager
+    def frozen(self, handle: SandboxHandle) -> Iterator[None]:
+        # The freezer cgroup on runc, `runsc pause` on gVisor: every process
+        # stops where it is, memory kept; nothing writes the workspace meanwhile.
+        cid = handle.info["container"]
+        with map_docker_errors("pausing the sandbox"):
+            self.api.pause(cid)
+        try:
+            yield
+        finally:
+            with map_docker_errors("resuming the sandbox"):
+                self.api.unpause(cid)
+
+    @contextlib.contextmanager
+    def frozen_workspace(self, handle: SandboxHandle) -> Iterator[Path]:
+        pool, name = handle.info.get("workspace_pool"), handle.info.get("workspace_name")
+        if not isinstance(pool, storage.StoragePool) or not isinstance(name, str):
+            raise UnsupportedCapabilityError("this sandbox's workspace is not in the storage pool")
+        with self.frozen(handle):
+            copy = pool.frozen_copy(name)
+            path = copy.__enter__()
+        try:
+            yield path
+        finally:
+            copy.__exit__(None, None, None)
+
+    def _create(self, config: SandboxConfig, workspace_from: SandboxHandle | None) -> SandboxHandle:
         allowlist = config.network.mode is NetworkMode.ALLOWLIST
         if allowlist and Capability.EGRESS_DOMAINS not in self.capabilities():
             raise UnsupportedCapabilityError(
@@ -285,7 +346,9 @@ class DockerBackend(RuntimeBackend):
         if allowlist:
             topology, proxy_start = self._start_egress(config, sandbox_id, created, deadline)
         try:
-            handle = self._create_container(config, sandbox_id, created, deadline, oci_runtime, topology)
+            handle = self._create_container(
+                config, sandbox_id, created, deadline, oci_runtime, topology, workspace_from
+            )
         except BaseException:
             if topology is not None:
                 self._teardown_egress(topology, proxy_start)
@@ -381,6 +444,7 @@ class DockerBackend(RuntimeBackend):
         deadline: float,
         oci_runtime: str,
         topology: egress.EgressTopology | None,
+        workspace_from: SandboxHandle | None = None,
     ) -> SandboxHandle:
         uid, _, gid = config.user.partition(":")
         gid = gid or uid
@@ -400,6 +464,29 @@ class DockerBackend(RuntimeBackend):
         import docker.types
 
         tmpfs_opts = f"rw,nosuid,nodev,uid={uid},gid={gid}"
+        tmpfs = {"/tmp": f"{tmpfs_opts},mode=1777,size={limits.scratch}"}
+        mounts: list[docker.types.Mount] = []
+        handle_info: dict[str, Any] = {}
+        if limits.workspace_medium == "disk":
+            pool = self.storage_pool()
+            if pool is None:
+                raise UnsupportedCapabilityError(
+                    "this engine has no storage pool for a disk workspace; make one as root with "
+                    "`agentnest setup`, or use workspace='memory'"
+                )
+            if workspace_from is None:
+                path = pool.create(sandbox_id, limits.workspace, int(uid), int(gid))
+            else:
+                # A fork: the parent stops for the instant of the snapshot, so
+                # the child gets exactly the parent's files at that instant.
+                with self.frozen(workspace_from):
+                    path = pool.clone(workspace_from.info["workspace_name"], sandbox_id, limits.workspace)
+            handle_info.update(workspace_pool=pool, workspace_name=sandbox_id, workspace_path=path)
+            # A bind mount of the sandbox's own subvolume, nothing above it;
+            # the pool is mounted nosuid,nodev on the host (storage.setup).
+            mounts.append(docker.types.Mount(config.workdir, str(path), type="bind", propagation="rprivate"))
+        else:
+            tmpfs[config.workdir] = f"{tmpfs_opts},mode=0755,size={limits.workspace}"
         device_requests = (
             [docker.types.DeviceRequest(count=limits.gpus, capabilities=[["gpu"]])] if limits.gpus else None
         )
@@ -409,12 +496,10 @@ class DockerBackend(RuntimeBackend):
             memswap_limit=limits.memory,
             nano_cpus=int(limits.cpus * 1e9),
             pids_limit=self._pids_ceiling(limits.pids),
-            # The image is never written; only the tmpfs mounts are.
+            # The image is never written; only the tmpfs mounts and the workspace are.
             read_only=config.read_only_root,
-            tmpfs={
-                config.workdir: f"{tmpfs_opts},mode=0755,size={limits.workspace}",
-                "/tmp": f"{tmpfs_opts},mode=1777,size={limits.scratch}",
-            },
+            tmpfs=tmpfs,
+            mounts=mounts or None,
             # No capability at all, and no way to gain one through setuid binaries.
             cap_drop=["ALL"],
             security_opt=self._security_opt(config),
@@ -445,30 +530,40 @@ class DockerBackend(RuntimeBackend):
             # types-docker says EndpointConfig; docker-py takes {network name: EndpointConfig}.
             endpoint = api.create_endpoint_config(ipv4_address=topology.sandbox_ip)
             networking = docker.types.NetworkingConfig({topology.network_name: endpoint})  # type: ignore[arg-type]
-        with map_docker_errors("creating the sandbox container", config.image):
-            cid = api.create_container(
-                config.image,
-                command=bootstrap.command("keeper", self.spec.python, config.lifetime),
-                user=f"{uid}:{gid}",
-                environment=env,
-                working_dir=config.workdir,
-                labels=container_labels,
-                host_config=host_config,
-                # detach=False with stdin_open sets StdinOnce: when the host's
-                # attach connection goes away, the agent sees end-of-file.
-                stdin_open=True,
-                tty=False,
-                # Never copy the host's client proxy settings into a sandbox.
-                use_config_proxy=False,
-                hostname="sandbox",
-                name=f"agentnest-{sandbox_id}",
-                networking_config=networking,
-            )["Id"]
+        try:
+            with map_docker_errors("creating the sandbox container", config.image):
+                cid = api.create_container(
+                    config.image,
+                    command=bootstrap.command("keeper", self.spec.python, config.lifetime),
+                    user=f"{uid}:{gid}",
+                    environment=env,
+                    working_dir=config.workdir,
+                    labels=container_labels,
+                    host_config=host_config,
+                    # detach=False with stdin_open sets StdinOnce: when the host's
+                    # attach connection goes away, the agent sees end-of-file.
+                    stdin_open=True,
+                    tty=False,
+                    # Never copy the host's client proxy settings into a sandbox.
+                    use_config_proxy=False,
+                    hostname="sandbox",
+                    name=f"agentnest-{sandbox_id}",
+                    networking_config=networking,
+                )["Id"]
+        except BaseException:
+            _remove_workspace(handle_info)
+            raise
         handle = SandboxHandle(
             id=sandbox_id,
             backend=self.name,
             deadline=deadline,
-            info={"container": cid, "user": f"{uid}:{gid}", "workdir": config.workdir, "env": env},
+            info={
+                "container": cid,
+                "user": f"{uid}:{gid}",
+                "workdir": config.workdir,
+                "env": env,
+                **handle_info,
+            },
         )
         try:
             with (
@@ -516,6 +611,8 @@ class DockerBackend(RuntimeBackend):
         proxy_removal = _Background(topology.remove_proxy) if topology is not None else None
         try:
             self._remove_sandbox_container(handle)
+            # After the container: its bind mount pins the subvolume until then.
+            _remove_workspace(handle.info)
         finally:
             if topology is not None and proxy_removal is not None:
                 try:
@@ -612,9 +709,8 @@ class DockerBackend(RuntimeBackend):
             # first.  (Not on runc: there RLIMIT_NPROC counts every process of
             # UID 65532 on the host, across all sandboxes.)
             # The Sentry itself needs memory too (_GVISOR_OVERHEAD).
-            address_space = max(
-                limits.memory - limits.workspace - limits.scratch - _GVISOR_OVERHEAD, 64 * 2**20
-            )
+            in_memory = limits.scratch + (limits.workspace if limits.workspace_medium == "memory" else 0)
+            address_space = max(limits.memory - in_memory - _GVISOR_OVERHEAD, 64 * 2**20)
             out.append(docker.types.Ulimit(name="nproc", soft=limits.pids, hard=limits.pids))
             out.append(docker.types.Ulimit(name="as", soft=address_space, hard=address_space))
         return out
@@ -715,6 +811,14 @@ def _raw_socket(obj: Any) -> socket.socket:
     if not isinstance(sock, socket.socket):
         raise BackendError(f"unexpected attach stream type {type(sock).__name__}")
     return sock
+
+
+def _remove_workspace(info: dict[str, Any]) -> None:
+    """Delete a sandbox's disk workspace (idempotent: the name is dropped first)."""
+    pool = info.pop("workspace_pool", None)
+    name = info.pop("workspace_name", None)
+    if isinstance(pool, storage.StoragePool) and isinstance(name, str):
+        pool.remove(name)
 
 
 def _custom_seccomp(config: SandboxConfig) -> str | None:

@@ -1,4 +1,4 @@
-"""Reap expired AgentNest resources (containers, networks, volumes) on a Docker engine.
+"""Reap expired AgentNest resources (containers, networks, volumes, workspaces) on a Docker engine.
 
 Every resource AgentNest creates carries ``agentnest.managed=true``, its
 owner (``host:pid``) and its deadline (see :mod:`.labels`).  The deadline
@@ -10,7 +10,8 @@ An allowlisted sandbox also owns an egress proxy container
 (``agentnest.role=proxy``) and an internal network
 (``agentnest.role=egress-network``) with the same labels, so they are
 reaped with it; and a proxy or network whose sandbox container is gone (a
-crash between the two removals) is reaped too, deadline or not.
+crash between the two removals) is reaped too, deadline or not.  So is a
+disk workspace in the storage pool whose sandbox has no container left.
 
 Example::
 
@@ -26,6 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...errors import BackendError
+from .. import storage
+from ..storage import StoragePool
 from . import labels
 from .backend import map_docker_errors
 
@@ -45,7 +49,7 @@ class PrunedResource:
     """One engine resource that was (or, in a dry run, would be) removed."""
 
     kind: str
-    """``container``, ``network`` or ``volume``."""
+    """``container``, ``network``, ``volume`` or ``workspace`` (a storage pool entry)."""
     id: str
     """The engine's id (the name, for volumes)."""
     name: str
@@ -69,11 +73,13 @@ class PruneReport:
     errors: tuple[str, ...] = ()
     """One message per resource that could not be removed."""
     dry_run: bool = False
+    workspaces: tuple[PrunedResource, ...] = ()
+    """Disk workspaces (and host-side reader snapshots) of the storage pool."""
 
     @property
     def resources(self) -> tuple[PrunedResource, ...]:
-        """Containers, then networks, then volumes."""
-        return self.containers + self.networks + self.volumes
+        """Containers, then networks, then volumes, then workspaces."""
+        return self.containers + self.networks + self.volumes + self.workspaces
 
     @property
     def ok(self) -> bool:
@@ -89,6 +95,7 @@ def prune(
     orphans: bool = False,
     everything: bool = False,
     sandbox: str | None = None,
+    pool: StoragePool | None = None,
 ) -> PruneReport:
     """Remove AgentNest's containers, networks and volumes that are due.
 
@@ -109,6 +116,10 @@ def prune(
         orphans: also remove resources whose owner process is gone.
         everything: remove every AgentNest resource.
         sandbox: only consider the resources of this sandbox id.
+        pool: the storage pool whose workspaces to reap: those of sandboxes
+            with no container left (``sandbox gone``, after a grace period for
+            sandboxes being created), and reader snapshots of exited processes.
+            Then the pool's freed blocks go back to the host.
 
     Returns:
         A :class:`PruneReport`.  A resource another process removed at the
@@ -152,7 +163,7 @@ def prune(
                     remove(resource)
                 except docker.errors.NotFound:
                     pass  # removed by someone else meanwhile: gone is what we wanted
-                except (docker.errors.APIError, docker.errors.DockerException, OSError) as exc:
+                except (docker.errors.APIError, docker.errors.DockerException, OSError, BackendError) as exc:
                     errors.append(f"{resource.kind} {resource.name}: {_explain(exc)}")
                     continue
             done.append(resource)
@@ -235,7 +246,23 @@ def prune(
     ]
     volumes = sweep(found, lambda r: api.remove_volume(r.id))
 
-    return PruneReport(containers, networks, volumes, tuple(errors), dry_run)
+    workspaces: tuple[PrunedResource, ...] = ()
+    if pool is not None:
+        # A workspace stays while its sandbox's container does (in_use).
+        entries = pool.orphans(in_use, now=moment + (storage.ORPHAN_AGE if everything else 0.0))
+        if sandbox is not None:
+            entries = [e for e in entries if e == f"ws/{sandbox}"]
+        found = [
+            PrunedResource("workspace", e, e, e[3:] if e.startswith("ws/") else "", "", None, SANDBOX_GONE)
+            for e in entries
+        ]
+        workspaces = sweep(found, lambda r: pool.delete_entry(r.id))
+        if workspaces and not dry_run:
+            try:
+                pool.reclaim()
+            except BackendError as exc:
+                errors.append(f"storage pool: {exc}")
+    return PruneReport(containers, networks, volumes, tuple(errors), dry_run, workspaces)
 
 
 def _extended(api: Any, cid: str, now: float) -> bool:

@@ -1,0 +1,402 @@
+"""The storage pool: disk-backed, bounded, copy-on-write workspaces.
+
+A sandbox's ``/workspace`` is, by default, a btrfs subvolume of one pool
+filesystem on this host, bind-mounted into the container:
+
+* **bounded by the kernel**: each subvolume has a qgroup limit (its
+  ``disk`` size); a write beyond it fails inside the sandbox with EDQUOT,
+  and the pool itself lives on a sparse loop file whose size was fixed at
+  ``agentnest setup``, so all sandboxes together cannot fill the host disk
+  beyond it;
+* **costs what is written**: a new subvolume takes no data blocks, sparse
+  files stay sparse, and deleting a subvolume gives its blocks back to the
+  host (the pool is mounted with ``discard``, so the loop file shrinks);
+* **copy-on-write**: a fork or a snapshot is a subvolume snapshot
+  (milliseconds, independent of the workspace's size) that shares every
+  block until one side writes;
+* **not memory**: unlike the tmpfs workspace (``workspace="memory"``), none
+  of it counts against the sandbox's memory limit.
+
+Layout under the pool's mount point (``/var/lib/agentnest/storage`` unless
+``$AGENTNEST_STORAGE`` says otherwise)::
+
+    ws/<sandbox id>          the live workspace of a sandbox
+    snap/<pid>-<token>       a read-only snapshot a host process is reading
+
+The pool is made by :func:`setup` (``agentnest setup``, ``make engine``), as
+root: a loop mount and qgroups need ``CAP_SYS_ADMIN``.  Everything here runs
+``btrfs`` from btrfs-progs; nothing here runs for a remote engine (the pool
+must be on the engine's host: see :func:`local_engine`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import DEFAULT_DISK  # room for a repository, its virtualenv and a build
+from ..errors import BackendError, ConfigurationError, RuntimeNotAvailableError
+
+__all__ = [
+    "DEFAULT_DISK",
+    "DEFAULT_IMAGE",
+    "DEFAULT_ROOT",
+    "PoolStatus",
+    "StoragePool",
+    "find_pool",
+    "local_engine",
+    "setup",
+]
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+#: Where the pool is mounted, and its backing file.
+DEFAULT_ROOT = "/var/lib/agentnest/storage"
+DEFAULT_IMAGE = "/var/lib/agentnest/storage.img"
+#: Largest pool ``setup`` makes by default, and the share of the host's free
+#: disk it may take: the loop file is sparse, but the pool must never be able
+#: to grow past what the host can give.
+_DEFAULT_POOL_CAP = 256 * GiB
+_DEFAULT_POOL_SHARE = 0.5
+#: A workspace with no container older than this is an orphan for ``prune``
+#: (younger ones may belong to a sandbox being created right now).
+ORPHAN_AGE = 120.0
+_NAME = re.compile(r"[0-9a-zA-Z][0-9a-zA-Z_.-]{0,63}")
+_BTRFS_MAGIC = 0x9123683E
+_TIMEOUT = 60.0
+
+
+def _btrfs() -> str:
+    path = shutil.which("btrfs") or next(
+        (p for p in ("/usr/sbin/btrfs", "/sbin/btrfs", "/usr/bin/btrfs") if os.access(p, os.X_OK)), None
+    )
+    if path is None:
+        raise RuntimeNotAvailableError(
+            "disk workspaces need btrfs-progs (the `btrfs` command); install it "
+            "(`apt-get install btrfs-progs`) and run `agentnest setup`"
+        )
+    return path
+
+
+def _run(argv: list[str], what: str) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendError(f"{what}: {exc}") from None
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()
+        raise BackendError(f"{what}: {' / '.join(detail[-3:])[:500] or f'exit {done.returncode}'}")
+    return done.stdout
+
+
+def _is_btrfs(path: str) -> bool:
+    """True when ``path`` is the root of a mounted btrfs filesystem (or subvolume)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                sep = fields.index("-") if "-" in fields else -1
+                if sep > 4 and fields[4] == path and fields[sep + 1] == "btrfs":
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def local_engine(docker_host: str | None) -> bool:
+    """Whether the Docker engine at ``docker_host`` runs on this host.
+
+    Only a unix socket counts: a TCP or SSH engine is elsewhere, and its
+    containers cannot bind-mount this host's pool (they keep the channel
+    path).  A unix socket forwarded from another machine would be mistaken
+    for a local one; docs/state.md says so.
+    """
+    host = docker_host if docker_host is not None else os.environ.get("DOCKER_HOST", "")
+    return host == "" or host.startswith("unix://")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    """What ``doctor`` and ``agentnest setup`` report about the pool."""
+
+    root: str
+    ready: bool
+    detail: str
+    size: int = 0
+    free: int = 0
+    workspaces: int = 0
+
+
+class StoragePool:
+    """A mounted btrfs filesystem with quotas, holding one subvolume per workspace.  Thread-safe."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(os.fspath(root))
+        self._lock = threading.Lock()
+
+    # -- names ---------------------------------------------------------------
+
+    def path(self, name: str) -> Path:
+        """The host path of workspace ``name``."""
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ConfigurationError(f"workspace name {name!r:.80} is invalid")
+        return self.root / "ws" / name
+
+    def names(self) -> list[str]:
+        """The workspaces in the pool (live or orphaned)."""
+        try:
+            return sorted(n for n in os.listdir(self.root / "ws") if _NAME.fullmatch(n))
+        except FileNotFoundError:
+            return []
+
+    # -- space ---------------------------------------------------------------
+
+    def capacity(self) -> tuple[int, int]:
+        """``(size, free)`` of the pool in bytes."""
+        st = os.statvfs(self.root)
+        return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+    def check_size(self, size: int) -> None:
+        """Refuse a workspace that the pool could never hold."""
+        total, _ = self.capacity()
+        if size > total:
+            raise ConfigurationError(
+                f"disk={human_size(size)} is more than the whole storage pool holds ({human_size(total)} at "
+                f"{self.root}); ask for less, or make a bigger pool (`agentnest setup --size SIZE`)"
+            )
+
+    # -- workspaces ----------------------------------------------------------
+
+    def create(self, name: str, size: int, uid: int, gid: int) -> Path:
+        """A new empty workspace of at most ``size`` bytes, owned by ``uid:gid``."""
+        self.check_size(size)
+        path = self.path(name)
+        path.parent.mkdir(mode=0o711, exist_ok=True)
+        _run([_btrfs(), "subvolume", "create", str(path)], "creating the workspace")
+        try:
+            self._limit(path, size)
+            os.chown(path, uid, gid)
+            # As the tmpfs workspace: the sandbox's user owns it; others may read.
+            os.chmod(path, 0o755)  # noqa: S103
+        except BaseException:
+            self.remove(name)
+            raise
+        return path
+
+    def clone(self, source: str, name: str, size: int) -> Path:
+        """A writable copy-on-write copy of workspace ``source`` (freeze its writers first)."""
+        self.check_size(size)
+        path = self.path(name)
+        _run(
+            [_btrfs(), "subvolume", "snapshot", str(self.path(source)), str(path)],
+            "copying the workspace",
+        )
+        try:
+            self._limit(path, size)
+        except BaseException:
+            self.remove(name)
+            raise
+        return path
+
+    @contextlib.contextmanager
+    def frozen_copy(self, source: str) -> Iterator[Path]:
+        """A read-only snapshot of ``source``, deleted on exit (freeze its writers first).
+
+        Read-only: the host reads a tree that no one, root included, can
+        change under it while it reads.
+        """
+        snaps = self.root / "snap"
+        snaps.mkdir(mode=0o711, exist_ok=True)
+        path = snaps / f"{os.getpid()}-{os.urandom(6).hex()}"
+        _run(
+            [_btrfs(), "subvolume", "snapshot", "-r", str(self.path(source)), str(path)],
+            "snapshotting the workspace",
+        )
+        try:
+            yield path
+        finally:
+            _delete(path)
+
+    def remove(self, name: str) -> None:
+        """Delete workspace ``name`` if it exists; its blocks go back to the host."""
+        _delete(self.path(name))
+
+    def used(self, name: str) -> int:
+        """Bytes workspace ``name`` references (its qgroup's count)."""
+        out = _run([_btrfs(), "qgroup", "show", "-rf", "--raw", str(self.path(name))], "reading usage")
+        for line in out.splitlines():
+            parts = line.split()
+            if parts and parts[0].startswith("0/") and len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1])
+        return 0
+
+    def _limit(self, path: Path, size: int) -> None:
+        # The qgroup limit is what the kernel enforces (EDQUOT inside the
+        # sandbox): referenced bytes, so a fork's shared blocks count too and
+        # "holds up to disk=" means what the sandbox sees.
+        _run([_btrfs(), "qgroup", "limit", str(size), str(path)], "limiting the workspace")
+
+    # -- housekeeping --------------------------------------------------------
+
+    def orphans(self, live: set[str], *, now: float | None = None) -> list[str]:
+        """Workspaces and reader snapshots no live sandbox or process owns."""
+        now = time.time() if now is None else now
+        found: list[str] = []
+        for name in self.names():
+            if name in live:
+                continue
+            with contextlib.suppress(OSError):
+                if now - os.lstat(self.path(name)).st_mtime >= ORPHAN_AGE:
+                    found.append(f"ws/{name}")
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.listdir(self.root / "snap"):
+                pid = entry.split("-", 1)[0]
+                # A reader's snapshot is in use while its process lives.
+                if not (pid.isdigit() and os.path.exists(f"/proc/{pid}")):
+                    found.append(f"snap/{entry}")
+        return found
+
+    def delete_entry(self, entry: str) -> None:
+        """Delete one entry of :meth:`orphans` (``ws/NAME`` or ``snap/NAME``)."""
+        kind, _, name = entry.partition("/")
+        if kind not in ("ws", "snap") or not _NAME.fullmatch(name):
+            raise ConfigurationError(f"{entry!r:.80} is not a storage pool entry")
+        _delete(self.root / kind / name)
+
+    def reclaim(self) -> None:
+        """Wait until deleted subvolumes are gone and hand their blocks back to the host."""
+        # A commit wakes btrfs's cleaner; without it the deleted subvolumes
+        # wait for the next periodic commit (up to 30 s).
+        _run([_btrfs(), "filesystem", "sync", str(self.root)], "committing the storage pool")
+        _run([_btrfs(), "subvolume", "sync", str(self.root)], "waiting for deleted workspaces")
+        fstrim = shutil.which("fstrim") or "/usr/sbin/fstrim"
+        with contextlib.suppress(BackendError):
+            _run([fstrim, str(self.root)], "returning freed blocks to the host")
+
+    def status(self) -> PoolStatus:
+        total, free = self.capacity()
+        return PoolStatus(str(self.root), True, "ready", total, free, len(self.names()))
+
+
+def _delete(path: Path) -> None:
+    if not os.path.lexists(path):
+        return
+    # One ioctl; btrfs frees the blocks in the background (see reclaim).
+    _run([_btrfs(), "subvolume", "delete", str(path)], "deleting the workspace")
+
+
+def human_size(n: int) -> str:
+    """``n`` bytes for people: ``"7.5g"``, ``"300m"``."""
+    for unit, size in (("g", GiB), ("m", MiB)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}".replace(".0", "")
+    return f"{n}b"
+
+
+_found: dict[str, StoragePool | None] = {}
+
+
+def pool_root() -> str:
+    return os.environ.get("AGENTNEST_STORAGE") or DEFAULT_ROOT
+
+
+def find_pool(root: str | None = None) -> StoragePool | None:
+    """The pool at ``root`` (default :func:`pool_root`) if it is ready, else ``None``.
+
+    Ready means: a mounted btrfs filesystem with quotas on, a ``btrfs``
+    command, and root (qgroup limits need CAP_SYS_ADMIN).  Cached per root
+    once found; a missing pool is looked for again at the next call.
+    """
+    root = root or pool_root()
+    pool = _found.get(root)
+    if pool is not None:
+        return pool
+    if probe(root).ready:
+        pool = _found[root] = StoragePool(root)
+        return pool
+    return None
+
+
+def probe(root: str | None = None) -> PoolStatus:
+    """Whether the pool at ``root`` is usable, and if not, why (for ``doctor``)."""
+    root = root or pool_root()
+    if os.geteuid() != 0:
+        return PoolStatus(root, False, "disk workspaces need root on the engine's host (qgroups, loop mount)")
+    if shutil.which("btrfs") is None and not os.access("/usr/sbin/btrfs", os.X_OK):
+        return PoolStatus(root, False, "btrfs-progs is not installed")
+    if not _is_btrfs(root):
+        return PoolStatus(root, False, f"no btrfs storage pool is mounted at {root}")
+    try:
+        out = _run([_btrfs(), "qgroup", "show", "--raw", root], "checking quotas")
+    except BackendError as exc:
+        return PoolStatus(root, False, f"quotas are not enabled on {root} ({str(exc)[-120:]})")
+    del out
+    return StoragePool(root).status()
+
+
+def setup(
+    root: str | None = None, image: str | None = None, size: int | None = None
+) -> tuple[PoolStatus, list[str]]:
+    """Make the pool (idempotent): a sparse file, btrfs on it, mounted with quotas on.
+
+    Returns the pool's status and the steps taken.  Needs root.
+    """
+    root = root or pool_root()
+    image = (
+        image
+        or os.environ.get("AGENTNEST_STORAGE_IMAGE")
+        or (DEFAULT_IMAGE if root == DEFAULT_ROOT else root.rstrip("/") + ".img")
+    )
+    steps: list[str] = []
+    if os.geteuid() != 0:
+        raise RuntimeNotAvailableError(
+            "making the storage pool needs root (a loop mount and btrfs quotas); run `sudo agentnest setup`"
+        )
+    btrfs = _btrfs()
+    if not _is_btrfs(root):
+        Path(root).mkdir(parents=True, exist_ok=True)
+        if not os.path.exists(image):
+            Path(image).parent.mkdir(parents=True, exist_ok=True)
+            if size is None:
+                free = shutil.disk_usage(Path(image).parent).free
+                size = int(min(_DEFAULT_POOL_CAP, free * _DEFAULT_POOL_SHARE)) // GiB * GiB
+            if size < GiB:
+                raise ConfigurationError(
+                    f"a storage pool of {human_size(size)} is too small; free disk or pass --size (1g+)"
+                )
+            fd = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.ftruncate(fd, size)  # sparse: costs nothing until written
+            finally:
+                os.close(fd)
+            mkfs = shutil.which("mkfs.btrfs") or "/usr/sbin/mkfs.btrfs"
+            _run([mkfs, "-q", image], "formatting the storage pool")
+            steps.append(f"made a {human_size(size)} sparse pool file {image}")
+        # discard: deleted workspaces punch holes in the loop file (the host
+        # gets its disk back); nosuid/nodev: nothing in a workspace is a
+        # setuid program or a device node to the host, whatever the sandbox wrote.
+        _run(
+            ["mount", "-o", "loop,discard=async,nosuid,nodev,noatime", image, root],
+            "mounting the storage pool",
+        )
+        steps.append(f"mounted it at {root}")
+    with contextlib.suppress(BackendError):
+        _run([btrfs, "qgroup", "show", root], "checking quotas")
+        status = probe(root)
+        if status.ready:
+            _found.pop(root, None)
+            return status, steps
+    _run([btrfs, "quota", "enable", root], "enabling quotas")
+    steps.append("enabled quotas")
+    for sub in ("ws", "snap"):
+        (Path(root) / sub).mkdir(mode=0o711, exist_ok=True)
+    _found.pop(root, None)
+    return probe(root), steps

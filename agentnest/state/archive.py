@@ -1,0 +1,499 @@
+"""Reading archives: the stream gate, tar parsing and verification, snapshot files.
+
+Everything the host reads (a tar writer's output, a snapshot file) passes
+:class:`_Gate`, which hands on only bytes of members that :class:`TarRules`
+accepted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import stat
+import struct
+import tarfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, cast
+
+from ..config import SnapshotMetadata
+from ..errors import AgentNestError, SnapshotError
+from .rules import (
+    _HEX64,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    HOLD_LIMIT,
+    MAX_METADATA_BYTES,
+    MAX_TRAILER_BYTES,
+    METADATA_NAME,
+    MiB,
+    TarRules,
+    _is_count,
+    _refuse,
+)
+
+_READ_CHUNK = MiB
+_RECORD = tarfile.RECORDSIZE
+
+
+# -- the stream gate ---------------------------------------------------------------------
+
+
+class _Gate:
+    """The file object :mod:`tarfile` reads: it passes on only validated bytes.
+
+    Bytes the parser has read beyond the last validated member (the next
+    member's headers) are held back until that member is validated too, at
+    most :data:`HOLD_LIMIT` of them.  ``allow(offset)`` releases everything
+    below ``offset``; with ``drop=True`` it is discarded instead of passed on
+    (the metadata member of a snapshot).
+
+    It only seeks forward: tarfile's random-access mode (``r:``) skips a
+    member's data with ``seek``, and the gate hands those bytes to the sink
+    as views of the chunks it received, without copying them.
+    """
+
+    def __init__(
+        self,
+        source: Callable[[], bytes],
+        sink: Callable[[memoryview], object] | None,
+        dropped: Callable[[memoryview], object] | None = None,
+    ) -> None:
+        self._source = source
+        self._sink = sink
+        self._dropped = dropped
+        self._chunk = b""
+        self._off = 0
+        self._held = bytearray()
+        self.position = 0
+        """Bytes consumed from the source."""
+        self._base = 0
+        self._limit = 0
+        self._drop = False
+        self.eof = False
+
+    def _take(self, n: int) -> memoryview | None:
+        """Consume up to ``n`` bytes (one chunk at most); ``None`` at the end."""
+        if self._off >= len(self._chunk):
+            if self.eof:
+                return None
+            chunk = self._source()
+            if not chunk:
+                self.eof = True
+                return None
+            self._chunk, self._off = chunk, 0
+        end = min(len(self._chunk), self._off + n)
+        view = memoryview(self._chunk)[self._off : end]
+        self._off = end
+        self.position += len(view)
+        if not self._held and self.position <= self._limit:
+            self._base = self.position
+            self._pass(view)
+        else:
+            self._held += view
+            self._release()
+            if len(self._held) > HOLD_LIMIT:
+                raise _refuse(
+                    None, "header", f"more than {HOLD_LIMIT} bytes of headers before a member (refused)"
+                )
+        return view
+
+    def read(self, size: int = -1) -> bytes:
+        """Exactly ``size`` bytes, fewer only at the end of the stream."""
+        if size < 0:
+            size = 1 << 62
+        parts: list[memoryview] = []
+        while size > 0:
+            view = self._take(size)
+            if view is None:
+                break
+            parts.append(view)
+            size -= len(view)
+        return parts[0].tobytes() if len(parts) == 1 else b"".join(parts)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence != 0 or offset < self.position:
+            raise io.UnsupportedOperation("the archive stream only seeks forward")
+        while self.position < offset and self._take(offset - self.position) is not None:
+            pass
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def allow(self, limit: int, *, drop: bool = False) -> None:
+        self._limit = limit
+        self._drop = drop
+        self._release()
+
+    def _release(self) -> None:
+        n = min(self._limit - self._base, len(self._held))
+        if n > 0:
+            data = bytes(self._held[:n])
+            del self._held[:n]
+            self._base += n
+            self._pass(memoryview(data))
+
+    def _pass(self, data: memoryview) -> None:
+        if not self._drop:
+            if self._sink is not None:
+                self._sink(data)
+        elif self._dropped is not None:
+            self._dropped(data)
+
+    def rest(self, limit: int) -> bytes:
+        """Everything not yet released (held, unread), up to ``limit`` + 1 bytes."""
+        out = bytearray(self._held)
+        out += memoryview(self._chunk)[self._off :]
+        self._held.clear()
+        self._chunk, self._off = b"", 0
+        while len(out) <= limit and not self.eof:
+            chunk = self._source()
+            if not chunk:
+                self.eof = True
+            out += chunk
+        data = bytes(out[: limit + 1])
+        if self._dropped is not None:
+            self._dropped(memoryview(data))
+        return data
+
+
+@dataclass
+class _Stream:
+    """What came through one archive stream."""
+
+    rules: TarRules
+    metadata: dict[str, Any] | None = None
+    payload: int = 0
+    """Bytes of the payload (everything before the metadata member)."""
+
+
+def _read_archive(
+    gate: _Gate,
+    rules: TarRules,
+    *,
+    snapshot_file: bool,
+    on_member: Callable[[tarfile.TarFile, tarfile.TarInfo, list[str], str], None] | None = None,
+    on_metadata: Callable[[], None] | None = None,
+) -> _Stream:
+    """Parse and validate a tar stream through ``gate``.
+
+    ``snapshot_file`` streams (snapshot files) end with an end-of-archive
+    marker, and their metadata member, if any, must be last (``on_metadata``
+    runs when it starts: everything before it is the payload); other streams
+    (from a tar writer in a sandbox) end right after their last member.
+    """
+    result = _Stream(rules)
+    with _open_tar(gate) as tar:
+        last: str | None = None
+        while True:
+            try:
+                member = tar.next()
+            except AgentNestError:
+                raise
+            except (tarfile.TarError, EOFError, ValueError, OSError, zlib.error, struct.error) as exc:
+                raise _stream_error(exc, after=last) from None
+            if member is None:
+                break
+            cast(Any, tar).members = []  # stream mode would keep every member otherwise
+            if tar.pax_headers:
+                raise _refuse(member.name, "global_header", "global PAX headers are refused")
+            if result.metadata is not None:
+                raise _refuse(
+                    member.name, "metadata", f"a member follows {METADATA_NAME!r}, which must be last"
+                )
+            span = tar.offset - member.offset_data
+            if snapshot_file and member.name == METADATA_NAME:
+                result.payload = member.offset
+                if on_metadata is not None:
+                    on_metadata()
+                gate.allow(tar.offset, drop=True)
+                result.metadata = _read_metadata(tar, member)
+                continue
+            rel, kind = rules.check(member, span)
+            last = member.name
+            gate.allow(tar.offset)
+            if on_member is not None:
+                on_member(tar, member, rel, kind)
+        if snapshot_file:
+            _check_end(gate, result, last)
+            if result.metadata is None:
+                result.payload = gate.position  # a plain tar: all of it is payload
+        else:
+            extra = gate.rest(0)
+            if extra:
+                raise _refuse(
+                    None, "corrupt", f"the stream has bytes after member {last!r} that are not a member"
+                )
+            result.payload = gate.position
+    return result
+
+
+@contextlib.contextmanager
+def _open_tar(gate: _Gate) -> Iterator[tarfile.TarFile]:
+    try:
+        # "r:" (random access), not "r|": the gate seeks forward over data,
+        # which costs no copies, where the stream mode would read it through.
+        tar = tarfile.open(  # noqa: SIM115 - closed by the `with` below, once it opened
+            fileobj=cast(IO[bytes], gate), mode="r:", encoding="utf-8", errors="surrogateescape"
+        )
+    except AgentNestError:
+        raise
+    except (tarfile.TarError, EOFError, ValueError, OSError, zlib.error, struct.error) as exc:
+        raise _stream_error(exc) from None
+    with tar:
+        yield tar
+
+
+def _stream_error(exc: BaseException, after: str | None = None) -> SnapshotError:
+    text = str(exc) or type(exc).__name__
+    where = f" in or after member {after!r}" if after else ""
+    if isinstance(exc, EOFError) or "unexpected end of data" in text or "truncated" in text.lower():
+        return _refuse(None, "truncated", f"the archive is truncated{where} ({text[:300]})")
+    return _refuse(None, "corrupt", f"the archive is corrupt{where} ({text[:300]})")
+
+
+def _check_end(gate: _Gate, result: _Stream, last: str | None) -> None:
+    trailer = gate.rest(MAX_TRAILER_BYTES)
+    if trailer.count(0) != len(trailer):
+        if len(trailer) < tarfile.BLOCKSIZE:
+            raise _refuse(None, "truncated", f"the archive is truncated after member {last!r}")
+        raise _refuse(None, "corrupt", f"the data after member {last!r} is not a valid tar header")
+    if len(trailer) > MAX_TRAILER_BYTES:
+        raise _refuse(None, "corrupt", f"more than {MAX_TRAILER_BYTES} bytes follow the end of the archive")
+    # A tar without the metadata member (a 0.3.0 snapshot, or `tar -cf x.tar
+    # workspace`) is accepted: every member is still checked, and a complete
+    # end-of-archive marker proves it is not truncated; only the checksum is missing.
+    if len(trailer) < 2 * tarfile.BLOCKSIZE:
+        raise _refuse(None, "truncated", "the archive is truncated: its end-of-archive marker is missing")
+
+
+def _read_metadata(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, Any]:
+    if not member.isreg() or member.sparse is not None or member.size > MAX_METADATA_BYTES:
+        raise _refuse(
+            METADATA_NAME, "metadata", f"must be a regular file of at most {MAX_METADATA_BYTES} bytes"
+        )
+    fileobj = tar.extractfile(member)
+    if fileobj is None:  # pragma: no cover - a regular member always has a file object
+        raise _refuse(METADATA_NAME, "metadata", "cannot read the metadata member")
+    try:
+        data = fileobj.read()
+    except (tarfile.TarError, OSError) as exc:
+        raise _stream_error(exc, after=METADATA_NAME) from None
+    if len(data) != member.size:
+        raise _refuse(METADATA_NAME, "truncated", "the metadata member is truncated")
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise _refuse(METADATA_NAME, "metadata", "the metadata member is not JSON") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        raise _refuse(METADATA_NAME, "metadata", f"not {FORMAT_NAME!r} metadata")
+    version = doc.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise _refuse(METADATA_NAME, "metadata", "the metadata has no format version")
+    if version > FORMAT_VERSION:
+        raise _refuse(
+            METADATA_NAME,
+            "version",
+            f"snapshot format {version} is newer than this AgentNest reads ({FORMAT_VERSION}); "
+            "upgrade agentnest",
+        )
+    checks: dict[str, Callable[[Any], bool]] = {
+        "image": lambda v: isinstance(v, str) and 0 < len(v) <= 512 and not any(c.isspace() for c in v),
+        "created": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+        "sha256": lambda v: isinstance(v, str) and bool(_HEX64.fullmatch(v)),
+        "size": _is_count,
+        "files": _is_count,
+        "entries": _is_count,
+        "sandbox_id": lambda v: isinstance(v, str) and len(v) <= 128,
+        "skipped": lambda v: isinstance(v, list) and len(v) <= 1000 and all(isinstance(s, str) for s in v),
+    }
+    for key, ok in checks.items():
+        if not ok(doc.get(key)):
+            raise _refuse(METADATA_NAME, "metadata", f"the metadata field {key!r} is missing or invalid")
+    return doc
+
+
+def _verify(result: _Stream, digest: str) -> dict[str, Any]:
+    """Check the metadata against the payload; a tar without metadata gets a stand-in."""
+    meta = result.metadata
+    rules = result.rules
+    if meta is None:
+        return {
+            "image": "",
+            "created": 0.0,
+            "sha256": "",
+            "size": rules.size,
+            "files": rules.files,
+            "entries": rules.entries,
+            "sandbox_id": "",
+            "skipped": [],
+        }
+    if meta["sha256"] != digest:
+        raise _refuse(
+            None, "checksum", "the payload's SHA-256 does not match the metadata: the file was altered"
+        )
+    counted = {"files": rules.files, "entries": rules.entries, "size": rules.size}
+    for key, value in counted.items():
+        if meta[key] != value:
+            raise _refuse(None, "checksum", f"the metadata says {key}={meta[key]}, the archive has {value}")
+    return meta
+
+
+def _metadata_member(doc: dict[str, Any], offset: int) -> bytes:
+    """The metadata member and the end of the archive, padded like ``tar`` pads."""
+    data = json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
+    info = tarfile.TarInfo(METADATA_NAME)
+    info.size = len(data)
+    info.mode = 0o644
+    info.mtime = int(doc["created"])
+    out = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape") + data
+    out += bytes(-len(out) % tarfile.BLOCKSIZE) + bytes(2 * tarfile.BLOCKSIZE)
+    out += bytes(-(offset + len(out)) % _RECORD)
+    return out
+
+
+# -- snapshot files -----------------------------------------------------------------------
+
+
+class _Digest:
+    """SHA-256 of a stream; :meth:`mark` gives the digest so far while it goes on.
+
+    (A helper thread for the hash was measured and gained nothing: with two
+    CPUs shared by dockerd, the agents and the programs, there is no idle core.)
+    """
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._hash.update(data)
+
+    def mark(self) -> str:
+        return self._hash.copy().hexdigest()
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+    def close(self) -> None:
+        pass
+
+
+class _HashingFile:
+    """A binary file object that hashes what passes through it."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.hash = hashlib.sha256()
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.hash.update(data)
+        return self.raw.write(data)
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.hash.update(data)
+        return data
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+def _metadata(doc: dict[str, Any], path: Path, size: int, sha256: str, compressed: bool) -> SnapshotMetadata:
+    return SnapshotMetadata(
+        path=path,
+        size=size,
+        sha256=sha256,
+        created_at=float(doc["created"]),
+        image=doc["image"],
+        files=doc["files"],
+        entries=doc["entries"],
+        workspace_size=doc["size"],
+        payload_sha256=doc["sha256"],
+        sandbox_id=doc["sandbox_id"],
+        compressed=compressed,
+        skipped=tuple(doc["skipped"]),
+    )
+
+
+@dataclass
+class _SnapshotFile:
+    """A snapshot file opened for reading: decompressed chunks, and how to hash the file."""
+
+    read_chunk: Callable[[], bytes]
+    compressed: bool
+    size: int
+    raw_hash: _HashingFile | None
+    """Hashes the compressed bytes; ``None`` for a plain tar, hashed through the gate."""
+
+
+@contextlib.contextmanager
+def _open_snapshot(path: str | os.PathLike[str]) -> Iterator[_SnapshotFile]:
+    name = os.fspath(path)
+    try:
+        # O_NONBLOCK: a FIFO planted at the path must not hang the open.
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SnapshotError(f"cannot open the snapshot {name!r}: {exc.strerror}", rule="io") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SnapshotError(f"the snapshot {name!r} is not a regular file", rule="io")
+        os.set_blocking(fd, True)
+        raw = open(fd, "rb", buffering=0)  # noqa: SIM115 - closed below
+    except BaseException:
+        os.close(fd)
+        raise
+    with raw:
+        compressed = os.pread(fd, 2, 0) == b"\x1f\x8b"
+        hashing = _HashingFile(raw) if compressed else None
+        reader: IO[bytes] = (
+            cast(IO[bytes], gzip.GzipFile(fileobj=cast(IO[bytes], hashing), mode="rb")) if compressed else raw
+        )
+
+        def read_chunk() -> bytes:
+            try:
+                return reader.read(_READ_CHUNK)
+            except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+                raise _stream_error(exc) from None
+            except OSError as exc:
+                raise SnapshotError(f"reading {name!r} failed: {exc}", rule="io") from None
+
+        yield _SnapshotFile(read_chunk, compressed, st.st_size, hashing)
+
+
+def _read_snapshot_file(
+    snap: _SnapshotFile, rules: TarRules, sink: Callable[[memoryview], object] | None
+) -> tuple[dict[str, Any], str, str]:
+    """Validate a snapshot file through ``sink``; return (metadata, file sha256, payload sha256)."""
+    digest = _Digest()
+    payload: list[str] = []
+
+    def passed(data: memoryview) -> None:
+        digest.update(data)
+        if sink is not None:
+            sink(data)
+
+    try:
+        # A plain tar's file hash is the payload's hash continued over the
+        # dropped metadata member and the trailer: one pass over the bytes.
+        gate = _Gate(snap.read_chunk, passed, None if snap.compressed else digest.update)
+        result = _read_archive(
+            gate, rules, snapshot_file=True, on_metadata=lambda: payload.append(digest.mark())
+        )
+        if snap.compressed:
+            while snap.read_chunk():  # the gzip trailer: its CRC is checked at the end
+                pass
+        payload_hex = payload[0] if payload else digest.mark()
+        doc = _verify(result, payload_hex)
+    finally:
+        whole = digest.hexdigest()
+    if snap.raw_hash is not None:
+        whole = snap.raw_hash.hash.hexdigest()
+    return doc, whole, payload_hex
