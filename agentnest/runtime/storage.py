@@ -281,6 +281,21 @@ class StoragePool:
         with contextlib.suppress(BackendError):
             _run([fstrim, str(self.root)], "returning freed blocks to the host")
 
+    def backing_file(self) -> Path | None:
+        """The loop file the pool lives on (what it costs the host's disk), if it is one."""
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8") as f:
+                for line in f:
+                    fields = line.split()
+                    sep = fields.index("-") if "-" in fields else -1
+                    if sep > 4 and fields[4] == str(self.root) and fields[sep + 2].startswith("/dev/loop"):
+                        loop = fields[sep + 2].rsplit("/", 1)[-1]
+                        text = Path(f"/sys/block/{loop}/loop/backing_file").read_text().strip()
+                        return Path(text) if text else None
+        except (OSError, IndexError):
+            return None
+        return None
+
     def status(self) -> PoolStatus:
         total, free = self.capacity()
         return PoolStatus(str(self.root), True, "ready", total, free, len(self.names()))

@@ -85,6 +85,10 @@ def _call(sandbox: Sandbox, path: Path, rel: str, fn: Callable[[Workspace], T]) 
     try:
         return True, worker.submit(job).result()
     except FileError as exc:  # the agent's codes and messages, as the channel would carry them
+        if exc.code == "not_found":
+            # Not on the host is not always not in the sandbox: gVisor keeps
+            # FIFOs and sockets made inside in its own kernel.  The agent decides.
+            return False, None
         if exc.code == "too_large":
             raise FileTooLargeError(exc.message, path=rel) from None
         raise FileAccessError(exc.message, path=rel, code=exc.code) from None

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from integration.helpers import Background, container_of
+from integration.helpers import Background, container_of, need_storage_pool
 
 from agentnest import ExecutionTimeoutError, Sandbox, SandboxDestroyedError, SecurityPolicy, SessionLostError
 from agentnest.testing.wait import wait_until
@@ -33,9 +33,10 @@ MiB = 1024 * 1024
 
 @pytest.fixture
 def small(backend_name: str) -> Iterator[Sandbox]:
-    """A fresh sandbox with small limits."""
+    """A fresh sandbox with small limits, its workspace in memory (a tmpfs, as /tmp)."""
     with Sandbox(
         backend=backend_name,
+        workspace="memory",
         timeout=180,
         memory="384m",
         cpus=0.5,
@@ -386,6 +387,43 @@ except OSError as exc:
     error = exc.errno
 print(json.dumps({"made": made, "errno": error}))
 """
+
+
+@pytest.fixture
+def small_disk(backend_name: str) -> Iterator[Sandbox]:
+    """A fresh sandbox with a small disk workspace (the storage pool's quota)."""
+    need_storage_pool()
+    with Sandbox(backend=backend_name, timeout=180, memory="256m", pids=64, disk="64m") as sb:
+        yield sb
+
+
+def test_filling_the_disk_workspace_stops_at_its_quota(small_disk: Sandbox, docker_client: Any) -> None:
+    pool = need_storage_pool()
+    image = pool.backing_file()
+    host_before = os.stat(image).st_blocks * 512 if image else None
+    found = run_json(small_disk, FILL, "/workspace/fill.bin", timeout=120)
+    # Refused by the kernel inside the sandbox, at the size asked for.
+    assert found["errno"] == errno.EDQUOT
+    assert 64 * MiB - 8 * MiB <= found["written"] <= 64 * MiB
+    assert writable_layer_bytes(docker_client, container_of(docker_client, small_disk)) == 0
+    if image is not None and host_before is not None:
+        # The host's disk gave at most the workspace's size (and some metadata).
+        assert os.stat(image).st_blocks * 512 - host_before <= 64 * MiB + 16 * MiB
+    small_disk.exec(["rm", "-f", "/workspace/fill.bin"]).check()
+    assert small_disk.exec_shell("echo room > r.txt && cat r.txt").stdout == "room\n"
+    assert alive(small_disk)
+
+
+def test_a_million_tiny_files_stop_at_the_disk_quota(small_disk: Sandbox) -> None:
+    # Tiny files live in btrfs's metadata, which the quota counts too: the
+    # attempt stops with EDQUOT long before a million, and the sandbox lives.
+    found = run_json(small_disk, TINY_FILES, "1", "1000000", timeout=180)
+    assert found["errno"] == errno.EDQUOT
+    assert 1000 <= found["made"] < 1_000_000
+    assert len(small_disk.list_files("tiny", max_entries=500)) == 500
+    small_disk.remove_file("tiny", recursive=True)
+    assert small_disk.list_files() == []
+    assert alive(small_disk)
 
 
 def test_a_million_tiny_files_stop_at_the_workspace_size(small: Sandbox) -> None:

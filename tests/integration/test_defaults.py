@@ -11,6 +11,7 @@ import errno
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker.errors
@@ -20,7 +21,7 @@ from agentnest import Sandbox, Secret
 from agentnest.runtime.base import Capability
 from agentnest.runtime.docker import seccomp
 
-from .helpers import OCI_RUNTIME, SANDBOX_UID, container_of, owner_label, xfail_on
+from .helpers import OCI_RUNTIME, SANDBOX_UID, container_of, need_storage_pool, owner_label, xfail_on
 
 MiB = 1024 * 1024
 
@@ -367,10 +368,15 @@ print(json.dumps({"written": written, "errno": error}))
 
 
 def test_workspace_and_scratch_sizes_are_bounded(small_sandbox: Sandbox) -> None:
-    for path, size in (("/workspace/fill.bin", 32 * MiB), ("/tmp/fill.bin", 16 * MiB)):
+    # The default workspace is on disk (under its quota: EDQUOT), /tmp a tmpfs (ENOSPC).
+    assert small_sandbox.config.limits.workspace_medium == "disk"
+    for path, size, code in (
+        ("/workspace/fill.bin", 32 * MiB, errno.EDQUOT),
+        ("/tmp/fill.bin", 16 * MiB, errno.ENOSPC),
+    ):
         found = json.loads(small_sandbox.exec(["python3", "-c", FILL, path], timeout=60).check().stdout)
-        assert found["errno"] == errno.ENOSPC, path
-        # Full at the configured size: the data went to a bounded tmpfs, not the host disk.
+        assert found["errno"] == code, path
+        # Full at the configured size: bounded by the kernel at what was asked for.
         assert size - 4 * MiB <= found["written"] <= size, (path, found)
         small_sandbox.exec(["rm", "-f", path]).check()
     assert small_sandbox.exec_shell("echo alive", timeout=30).stdout == "alive\n"
@@ -417,8 +423,13 @@ def test_host_config_is_hardened(inspected: dict[str, Any], backend_name: str) -
         assert host["PidsLimit"] == 256
     else:  # the cgroup also holds gVisor's Sentry: a ceiling with headroom
         assert host["PidsLimit"] >= 256
-    for target, size in (("/workspace", 256 * MiB), ("/tmp", 64 * MiB)):
-        assert f"size={size}" in host["Tmpfs"][target].split(",")
+    assert f"size={64 * MiB}" in host["Tmpfs"]["/tmp"].split(",")
+    pool = need_storage_pool()  # `make test` makes one, so the default workspace is on disk
+    assert "/workspace" not in host["Tmpfs"]
+    (mount,) = [m for m in inspected["Mounts"] if m["Destination"] == "/workspace"]
+    # The sandbox's own subvolume of the pool, nothing above it.
+    assert mount["Type"] == "bind" and mount["RW"] is True
+    assert Path(mount["Source"]).parent == pool.root / "ws"
     options = host["SecurityOpt"]
     assert "no-new-privileges:true" in options or "no-new-privileges" in options
     (profile_opt,) = [o for o in options if o.startswith("seccomp=")]

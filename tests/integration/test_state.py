@@ -192,6 +192,15 @@ def test_a_refused_fork_leaves_no_child(backend_name: str, docker_client: Any, w
     with Sandbox(backend=backend_name, workspace=workspace, timeout=300) as sb:
         sh(sb, "echo ok > ok.txt && ln -s /etc/passwd out")
         before = owned_containers(docker_client)
+        if workspace == "disk":
+            # A copy-on-write fork is the parent's file system exactly: the link
+            # is copied as a link, and resolves inside the child, as in the parent.
+            with sb.fork() as child:
+                assert sh(child, "readlink out") == "/etc/passwd\n"
+                assert child.read_file("ok.txt") == "ok\n"
+            assert owned_containers(docker_client) == before
+            return
+        # Through the channel the tar rules refuse what a tar cannot carry safely.
         with pytest.raises(SnapshotError) as caught:
             sb.fork()
         assert (caught.value.rule, caught.value.member) == ("symlink", "workspace/out")
@@ -207,6 +216,11 @@ def test_python_sessions_restart_in_the_child(backend_name: str, workspace: str)
             fresh = child.python_session().run("x + 1")
             assert fresh.error is not None and "NameError" in fresh.error
         assert session.run("x + 1").check().result == "42"
+
+
+#: Blocks a 1 GiB file with 3 MiB of data may take: btrfs allocates in its own
+#: extent sizes (9 MiB measured); a dense copy would take 1 GiB.
+SPARSE_MAX = 16 * MiB
 
 
 def test_sparse_files_stay_sparse(backend_name: str, tmp_path: Path, workspace: str) -> None:
@@ -232,11 +246,11 @@ def test_sparse_files_stay_sparse(backend_name: str, tmp_path: Path, workspace: 
         sb.exec_python(make, timeout=120).check()
         original = usage(sb, "big.img", offsets)
         assert original["size"] == GiB
-        assert original["used"] < 8 * MiB
+        assert original["used"] < SPARSE_MAX
         with sb.fork() as child:
             copy = usage(child, "big.img", offsets)
             assert copy["size"] == GiB and copy["at"] == original["at"]
-            assert copy["used"] < 8 * MiB
+            assert copy["used"] < SPARSE_MAX
         path = tmp_path / "sparse.tar"
         meta = sb.snapshot(path)
         assert meta.workspace_size == GiB
@@ -245,7 +259,7 @@ def test_sparse_files_stay_sparse(backend_name: str, tmp_path: Path, workspace: 
         sb.restore(path)
         back = usage(sb, "big.img", offsets)
         assert back["size"] == GiB and back["at"] == original["at"]
-        assert back["used"] < 8 * MiB
+        assert back["used"] < SPARSE_MAX
         digest = sh(sb, "sha256sum big.img", timeout=300).split()[0]
         assert [a.sha256 for a in sb.artifacts("big.img")] == [digest]
         assert sb.artifacts("big.img")[0].size == GiB

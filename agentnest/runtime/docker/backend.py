@@ -300,14 +300,23 @@ class DockerBackend(RuntimeBackend):
     def frozen(self, handle: SandboxHandle) -> Iterator[None]:
         # The freezer cgroup on runc, `runsc pause` on gVisor: every process
         # stops where it is, memory kept; nothing writes the workspace meanwhile.
+        # Nested and concurrent freezes (parallel forks of one parent) share
+        # one pause: the first pauses, the last resumes.
         cid = handle.info["container"]
-        with map_docker_errors("pausing the sandbox"):
-            self.api.pause(cid)
+        freeze = handle.info.setdefault("freeze", _Freeze())
+        with freeze.lock:
+            if freeze.count == 0:
+                with map_docker_errors("pausing the sandbox"):
+                    self.api.pause(cid)
+            freeze.count += 1
         try:
             yield
         finally:
-            with map_docker_errors("resuming the sandbox"):
-                self.api.unpause(cid)
+            with freeze.lock:
+                freeze.count -= 1
+                if freeze.count == 0:
+                    with map_docker_errors("resuming the sandbox"):
+                        self.api.unpause(cid)
 
     @contextlib.contextmanager
     def frozen_workspace(self, handle: SandboxHandle) -> Iterator[Path]:
@@ -752,6 +761,14 @@ class DockerBackend(RuntimeBackend):
             self.api.pull(repo, tag=tag)
         except (docker.errors.APIError, docker.errors.DockerException, OSError):
             raise ImageNotFoundError(_missing_image_hint(image)) from None
+
+
+class _Freeze:
+    """How many holders want a sandbox frozen right now (see ``DockerBackend.frozen``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
 
 
 class _Background:
