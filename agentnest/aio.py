@@ -725,6 +725,20 @@ class AsyncSandbox:
         """See :meth:`Sandbox.extend`."""
         return await self._call(functools.partial(self._sandbox.extend, seconds))
 
+    @property
+    def paused(self) -> bool:
+        """See :attr:`Sandbox.paused`."""
+        return self._sandbox.paused
+
+    async def pause(self) -> None:
+        """See :meth:`Sandbox.pause`."""
+        await self._call(self._sandbox.pause)
+
+    async def resume(self) -> None:
+        """See :meth:`Sandbox.resume`.  Runs to the end even if the caller is cancelled."""
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._sandbox.resume)
+
     async def logs(self, tail: int = 200) -> str:
         """See :meth:`Sandbox.logs`."""
         return await self._call(functools.partial(self._sandbox.logs, tail))

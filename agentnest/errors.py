@@ -9,6 +9,7 @@ Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
      ├── UnsupportedCapabilityError  the backend cannot do (or enforce) this
      ├── MissingDependencyError      (also ImportError) an optional extra is not installed
      ├── SandboxDestroyedError       the sandbox is gone
+     ├── SandboxPausedError          the sandbox is paused: ``resume()`` it first
      ├── BackendError                the engine failed or refused
      │    ├── RuntimeNotAvailableError   no engine, or no such OCI runtime
      │    │    └── TemplateBuildError     a template image could not be built (as 0.3.0 raised)
@@ -78,6 +79,13 @@ class MissingDependencyError(AgentNestError, ImportError):
 
 class SandboxDestroyedError(AgentNestError):
     """The sandbox was destroyed (by the caller, its deadline, or its engine)."""
+
+
+class SandboxPausedError(AgentNestError):
+    """The sandbox is paused (:meth:`Sandbox.pause`): call ``resume()`` before using it.
+
+    .. versionadded:: 0.4.0
+    """
 
 
 class BackendError(AgentNestError):
@@ -252,6 +260,7 @@ __all__ = [
     "ProfileError",
     "RuntimeNotAvailableError",
     "SandboxDestroyedError",
+    "SandboxPausedError",
     "SessionLostError",
     "SnapshotError",
     "TemplateBaseNotFoundError",

@@ -44,6 +44,8 @@ class EventType(str, enum.Enum):
     SNAPSHOT_CREATED = "snapshot.created"
     SNAPSHOT_RESTORED = "snapshot.restored"
     SANDBOX_FORKED = "sandbox.forked"
+    SANDBOX_PAUSED = "sandbox.paused"
+    SANDBOX_RESUMED = "sandbox.resumed"
 
     # 0.3.0 names, aliases of the members above (``EventType.CREATED is
     # EventType.SANDBOX_CREATED``).  0.3.0's execution events were

@@ -37,6 +37,8 @@ from .errors import (
     FileAccessError,
     FileTooLargeError,
     SandboxDestroyedError,
+    SandboxPausedError,
+    UnsupportedCapabilityError,
     VerificationError,
 )
 from .events import EventType, Observer
@@ -44,7 +46,7 @@ from .guard import Guard, scrub_errors, workspace_medium
 from .policy import NetworkPolicy, SecurityPolicy
 from .profiles import Profile, profile_kwargs
 from .runtime import bootstrap
-from .runtime.base import RuntimeBackend, SandboxHandle
+from .runtime.base import Capability, RuntimeBackend, SandboxHandle
 from .runtime.registry import get_backend
 from .secrets import SECRET_DIR, Secret
 from .session import PythonSession, PythonSessionInfo, list_python_sessions, open_python_session
@@ -238,6 +240,7 @@ class Sandbox:
         self._lock = threading.Lock()
         self._channel: Channel | None = None
         self._destroyed = False
+        self._paused = False
         # Egress reports (allowlist sandboxes): see _watch_egress.
         self._egress_failure: BaseException | None = None
         self._stop_egress: Callable[[], None] | None = None
@@ -430,6 +433,10 @@ class Sandbox:
     def _ch(self) -> Channel:
         if self._destroyed:
             raise SandboxDestroyedError(f"sandbox {self.id} was destroyed")
+        if self._paused:
+            # Refused, not queued: a call that waited on a paused sandbox would
+            # look like a hang to its caller.
+            raise SandboxPausedError(f"sandbox {self.id} is paused; call resume() first")
         failure = self._egress_failure
         if failure is not None:
             self._egress_failure = None
@@ -1119,6 +1126,74 @@ class Sandbox:
         self._guard.emit(EventType.SANDBOX_EXTENDED, {"seconds": seconds, "deadline": deadline})
         return deadline
 
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause` stopped the sandbox (until :meth:`resume`).
+
+        .. versionadded:: 0.4.0
+        """
+        return self._paused
+
+    def pause(self) -> None:
+        """Stop every process in the sandbox where it is, until :meth:`resume`.
+
+        On runc and gVisor this is the engine's freezer (``docker pause``):
+        processes, Python sessions and memory are kept, nothing runs, and the
+        deadline keeps counting.  While paused, every new call (``exec``,
+        files, sessions, fork, snapshot) raises :class:`SandboxPausedError`;
+        calls already in flight wait for the resume (their own timeouts still
+        count, in the sandbox too: a command's timeout may expire during a
+        long pause).  ``destroy()`` works while paused.  Idempotent.
+
+        Raises:
+            SandboxDestroyedError: the sandbox was destroyed or has stopped.
+            UnsupportedCapabilityError: the backend cannot pause (``Capability.PAUSE``).
+
+        .. versionadded:: 0.4.0
+        """
+        with self._lock:
+            self._check_alive()
+            if self._paused:
+                return
+            if Capability.PAUSE not in self._backend.capabilities():
+                raise UnsupportedCapabilityError(
+                    f"the {self._backend.name} backend cannot pause a sandbox; use the docker or gvisor "
+                    "backend, or snapshot() the workspace and destroy the sandbox"
+                )
+            started = time.monotonic()
+            channel = self._channel
+            if channel is not None:
+                channel.hold(True)
+            try:
+                self._backend.pause(self._handle)
+            except BaseException:
+                if channel is not None:
+                    channel.hold(False)
+                raise
+            self._paused = True
+        self._guard.emit(EventType.SANDBOX_PAUSED, {"seconds": round(time.monotonic() - started, 4)})
+
+    def resume(self) -> None:
+        """Continue a sandbox stopped by :meth:`pause`.  Idempotent (a running sandbox stays so).
+
+        Raises:
+            SandboxDestroyedError: the sandbox was destroyed or has stopped.
+
+        .. versionadded:: 0.4.0
+        """
+        with self._lock:
+            if self._destroyed:
+                raise SandboxDestroyedError(f"sandbox {self.id} was destroyed")
+            if not self._paused:
+                return
+            started = time.monotonic()
+            self._backend.resume(self._handle)
+            self._paused = False
+            channel = self._channel
+            if channel is not None:
+                channel.hold(False)
+        self._guard.emit(EventType.SANDBOX_RESUMED, {"seconds": round(time.monotonic() - started, 4)})
+
     def logs(self, tail: int = 200) -> str:
         """The container's own log (the keeper and agent diagnostics), redacted."""
         text = self._backend.logs(self._handle, tail)
@@ -1154,7 +1229,7 @@ class Sandbox:
         self.destroy()
 
     def __repr__(self) -> str:
-        state = "destroyed" if self._destroyed else "running"
+        state = "destroyed" if self._destroyed else "paused" if self._paused else "running"
         return f"<Sandbox {self.id} image={self.config.image!r} {state}>"
 
 

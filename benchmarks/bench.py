@@ -56,6 +56,7 @@ if str(ROOT) not in sys.path:
 import docker  # noqa: E402
 import docker.errors  # noqa: E402
 import seed  # noqa: E402
+from disk import bench_disk  # noqa: E402
 from docker.models.containers import Container  # noqa: E402
 from egress import bench_egress  # noqa: E402
 from harness import (  # noqa: E402
@@ -1095,6 +1096,7 @@ def run_backend(
         ("F", "fork", lambda: bench_fork(backend, floor, plan)),
         ("T", "snapshot and restore", lambda: bench_snapshot(backend, floor, plan)),
         ("E", "egress allowlist", lambda: bench_egress(backend, plan)),
+        ("D", "disk workspaces: host disk", lambda: bench_disk(backend, plan)),
     ]
     results: list[Result] = []
     for key, name, step in steps:

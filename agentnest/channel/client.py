@@ -81,6 +81,10 @@ class Channel:
         self._reader: threading.Thread | None = None
         self.hello: Hello | None = None
         self._last_frame = time.monotonic()
+        # Set while the sandbox is paused (Sandbox.pause): a frozen agent sends
+        # no heartbeats, so calls in flight wait (to their own deadlines)
+        # instead of taking the silence for a stuck channel.
+        self._held = False
 
     @classmethod
     def connect(cls, stream: ByteStream, bundle: bytes | None, timeout: float = 30.0) -> Channel:
@@ -116,6 +120,11 @@ class Channel:
 
     def diagnostics(self) -> str:
         return self._stream.diagnostics()
+
+    def hold(self, held: bool) -> None:
+        """Suspend (``True``) or restart (``False``) stall detection, for a pause of the sandbox."""
+        self._last_frame = time.monotonic()
+        self._held = held
 
     def close(self, reason: str = "channel closed") -> None:
         self._fail(reason)
@@ -210,7 +219,9 @@ class Channel:
             wait = None if deadline is None else deadline - now
             if wait is not None and wait <= 0:
                 raise self._timeout(what)
-            if stall is not None:
+            if stall is not None and self._held:
+                wait = 1.0 if wait is None else min(wait, 1.0)  # look again once resumed
+            elif stall is not None:
                 # Quiet since the last frame, or since the request was sent
                 # (an idle channel has no heartbeats before it).
                 quiet = now - max(self._last_frame, since)

@@ -55,6 +55,9 @@ class Capability(str, enum.Enum):
     FORK = "fork"
     SNAPSHOT = "snapshot"
     PAUSE = "pause"
+    """Can stop every process of a sandbox and continue them later (``Sandbox.pause``/``resume``).
+
+    .. versionadded:: 0.4.0"""
     DISK_WORKSPACE = "workspace.disk"
     """Can give a sandbox a disk-backed, kernel-bounded, copy-on-write workspace
     (``workspace="disk"``: the storage pool, :mod:`agentnest.runtime.storage`).
@@ -189,6 +192,28 @@ class RuntimeBackend(ABC):
             UnsupportedCapabilityError: the backend cannot (the default).
         """
         raise UnsupportedCapabilityError(f"the {self.name} backend cannot copy a workspace on the host")
+
+    def pause(self, handle: SandboxHandle) -> None:
+        """Stop every process of the sandbox until :meth:`resume` (``Capability.PAUSE``).
+
+        Idempotent.  Must cooperate with :meth:`frozen`: a fork's unfreeze
+        does not undo a pause.
+
+        Raises:
+            UnsupportedCapabilityError: the backend cannot (the default).
+        """
+        raise UnsupportedCapabilityError(
+            f"the {self.name} backend cannot pause a sandbox; use the docker or gvisor backend, "
+            "or destroy the sandbox and snapshot() it first to keep its files"
+        )
+
+    def resume(self, handle: SandboxHandle) -> None:
+        """Continue a sandbox stopped by :meth:`pause`.  Idempotent.
+
+        Raises:
+            UnsupportedCapabilityError: the backend cannot (the default).
+        """
+        raise UnsupportedCapabilityError(f"the {self.name} backend cannot pause or resume a sandbox")
 
     def logs(self, handle: SandboxHandle, tail: int = 200) -> str:
         """The sandbox's own log (bounded), if the backend keeps one."""

@@ -261,6 +261,9 @@ class DockerBackend(RuntimeBackend):
             Capability.FORK,
             Capability.SNAPSHOT,
             Capability.EXTEND,
+            # docker pause/unpause: the freezer cgroup on runc, `runsc pause`
+            # on gVisor; memory is kept (tests/integration/test_pause.py).
+            Capability.PAUSE,
             # A policy's own seccomp/AppArmor profile, and the rootless check
             # (answered from the engine's own report; see _check_confinement).
             Capability.SECURITY_PROFILES,
@@ -302,6 +305,29 @@ class DockerBackend(RuntimeBackend):
         # stops where it is, memory kept; nothing writes the workspace meanwhile.
         # Nested and concurrent freezes (parallel forks of one parent) share
         # one pause: the first pauses, the last resumes.
+        # A user's pause() is one more holder (see pause), so a fork's unfreeze
+        # never resumes a sandbox its owner paused.
+        self._hold(handle)
+        try:
+            yield
+        finally:
+            self._release(handle)
+
+    def pause(self, handle: SandboxHandle) -> None:
+        freeze = handle.info.setdefault("freeze", _Freeze())
+        with freeze.user_lock:
+            if not freeze.user:
+                self._hold(handle)
+                freeze.user = True
+
+    def resume(self, handle: SandboxHandle) -> None:
+        freeze = handle.info.setdefault("freeze", _Freeze())
+        with freeze.user_lock:
+            if freeze.user:
+                self._release(handle)
+                freeze.user = False
+
+    def _hold(self, handle: SandboxHandle) -> None:
         cid = handle.info["container"]
         freeze = handle.info.setdefault("freeze", _Freeze())
         with freeze.lock:
@@ -309,14 +335,15 @@ class DockerBackend(RuntimeBackend):
                 with map_docker_errors("pausing the sandbox"):
                     self.api.pause(cid)
             freeze.count += 1
-        try:
-            yield
-        finally:
-            with freeze.lock:
-                freeze.count -= 1
-                if freeze.count == 0:
-                    with map_docker_errors("resuming the sandbox"):
-                        self.api.unpause(cid)
+
+    def _release(self, handle: SandboxHandle) -> None:
+        cid = handle.info["container"]
+        freeze = handle.info.setdefault("freeze", _Freeze())
+        with freeze.lock:
+            freeze.count -= 1
+            if freeze.count == 0:
+                with map_docker_errors("resuming the sandbox"):
+                    self.api.unpause(cid)
 
     @contextlib.contextmanager
     def frozen_workspace(self, handle: SandboxHandle) -> Iterator[Path]:
@@ -769,6 +796,10 @@ class _Freeze:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.count = 0
+        # Whether the owner's pause() is one of the holders; user_lock orders
+        # pause against resume (taken before ``lock``, never the other way).
+        self.user = False
+        self.user_lock = threading.Lock()
 
 
 class _Background:
