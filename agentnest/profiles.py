@@ -61,6 +61,7 @@ _PROFILE_KEYS = (
     "scratch_size",
     "timeout",
     "verify",
+    "workspace",
     "workspace_size",
 )
 _TOP_KEYS = ("default", "profiles")
@@ -120,6 +121,8 @@ class Profile:
     pids: int | None = None
     workspace_size: int | None = None
     """Bytes."""
+    workspace: str | None = None
+    """``"disk"`` or ``"memory"`` (see ``Sandbox(workspace=)``).  .. versionadded:: 0.4.0"""
     scratch_size: int | None = None
     """Bytes."""
     environment: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -141,6 +144,7 @@ class Profile:
             "cpus",
             "pids",
             "workspace_size",
+            "workspace",
             "scratch_size",
             "read_only_root",
             "verify",
@@ -297,7 +301,11 @@ def _parse_profile(w: _Where, name: str, raw: _Map) -> dict[str, Any]:
     for key, value in raw.items():
         line = raw.lines[key]
         where = f"{base}.{key}"
-        if key in ("image", "backend", "extends", "required_runtime"):
+        if key == "workspace":
+            if value not in ("disk", "memory"):
+                raise w.error(line, where, f"must be 'disk' or 'memory', not {value!r:.40}")
+            out[key] = value
+        elif key in ("image", "backend", "extends", "required_runtime"):
             if not isinstance(value, str) or not value.strip():
                 raise w.error(line, where, f"must be a non-empty string, not {_kind(value)}")
             out[key] = value
@@ -461,6 +469,9 @@ def _build(w: _Where, name: str, settings: dict[str, Any], line: int) -> Profile
             settings.get("pids", 256),
             settings.get("workspace_size"),
             settings.get("scratch_size"),
+            # Checked as memory unless the profile says disk: without it the
+            # backend may pick memory at create, where the sizes must fit.
+            workspace_medium=settings.get("workspace", "memory"),
         )
     except ConfigurationError as exc:
         raise w.error(line, where, str(exc)) from None
@@ -481,6 +492,7 @@ def _build(w: _Where, name: str, settings: dict[str, Any], line: int) -> Profile
         cpus=settings.get("cpus"),
         pids=settings.get("pids"),
         workspace_size=settings.get("workspace_size"),
+        workspace=settings.get("workspace"),
         scratch_size=settings.get("scratch_size"),
         environment=MappingProxyType(dict(settings.get("environment", {}))),
         approvals=settings["approvals"].rules if "approvals" in settings else (),

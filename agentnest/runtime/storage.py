@@ -179,8 +179,11 @@ class StoragePool:
         """A new empty workspace of at most ``size`` bytes, owned by ``uid:gid``."""
         self.check_size(size)
         path = self.path(name)
-        path.parent.mkdir(mode=0o711, exist_ok=True)
-        _run([_btrfs(), "subvolume", "create", str(path)], "creating the workspace")
+        try:
+            path.parent.mkdir(mode=0o711, exist_ok=True)
+            _run([_btrfs(), "subvolume", "create", str(path)], "creating the workspace")
+        except (OSError, BackendError) as exc:
+            raise self._explain(exc) from None
         try:
             self._limit(path, size)
             os.chown(path, uid, gid)
@@ -195,10 +198,13 @@ class StoragePool:
         """A writable copy-on-write copy of workspace ``source`` (freeze its writers first)."""
         self.check_size(size)
         path = self.path(name)
-        _run(
-            [_btrfs(), "subvolume", "snapshot", str(self.path(source)), str(path)],
-            "copying the workspace",
-        )
+        try:
+            _run(
+                [_btrfs(), "subvolume", "snapshot", str(self.path(source)), str(path)],
+                "copying the workspace",
+            )
+        except BackendError as exc:
+            raise self._explain(exc) from None
         try:
             self._limit(path, size)
         except BaseException:
@@ -237,6 +243,24 @@ class StoragePool:
             if parts and parts[0].startswith("0/") and len(parts) >= 2 and parts[1].isdigit():
                 return int(parts[1])
         return 0
+
+    def _explain(self, exc: BaseException) -> BackendError:
+        """A failure to make a workspace, with the pool's state and the fix."""
+        if not _is_btrfs(str(self.root)):
+            _found.pop(str(self.root), None)
+            return RuntimeNotAvailableError(
+                f"the storage pool at {self.root} is not mounted (any more); mount it again with "
+                "`agentnest setup` (as root), or use workspace='memory'"
+            )
+        with contextlib.suppress(OSError):
+            total, free = self.capacity()
+            if free < 64 * MiB:
+                return BackendError(
+                    f"the storage pool at {self.root} is full "
+                    f"({human_size(free)} of {human_size(total)} free); destroy sandboxes, "
+                    "run `agentnest prune`, or make a bigger pool"
+                )
+        return BackendError(f"{exc}; `agentnest doctor` checks the storage pool")
 
     def _limit(self, path: Path, size: int) -> None:
         # The qgroup limit is what the kernel enforces (EDQUOT inside the

@@ -1,0 +1,466 @@
+"""Disk workspaces in the btrfs storage pool, and the host-side fast paths (runc and runsc).
+
+What the unit suite cannot check: the workspace really is a subvolume of the
+pool that goes with its sandbox, the host's disk pays only for what is
+written (measured on the pool's backing file, not as the sandbox reports),
+a fork is a consistent instant of its parent, ``prune`` reaps what a crash
+left behind, and the host paths (read_file, write_file, artifacts,
+download, snapshot) answer exactly as the agent channel does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentnest import ConfigurationError, FileAccessError, Sandbox, SecurityPolicy, SnapshotError
+from agentnest.runtime import storage
+from agentnest.runtime.docker.prune import SANDBOX_GONE, prune
+from agentnest.runtime.storage import StoragePool
+from agentnest.testing.wait import wait_until
+
+from .helpers import SANDBOX_UID, REPO, Background, need_storage_pool
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def sh(sb: Sandbox, script: str, timeout: float = 120) -> str:
+    return sb.exec_shell(script, timeout=timeout).check().stdout
+
+
+def host_bytes(pool: StoragePool) -> int:
+    """What the pool costs the host's disk now: the backing file's allocated bytes, after a commit."""
+    image = pool.backing_file()
+    assert image is not None, "the pool is expected on a loop file (agentnest setup makes one)"
+    pool.reclaim()
+    return os.stat(image).st_blocks * 512
+
+
+#: size, allocated bytes and a few bytes at offsets of a file, as the sandbox sees it.
+STAT = r"""
+import json, os, sys
+st = os.stat(sys.argv[1])
+out = {"size": st.st_size, "allocated": st.st_blocks * 512, "at": {}}
+with open(sys.argv[1], "rb") as f:
+    for off in json.loads(sys.argv[2]):
+        f.seek(off)
+        out["at"][str(off)] = f.read(5).decode()
+print(json.dumps(out))
+"""
+
+
+def stat_in(sb: Sandbox, path: str, offsets: list[int]) -> dict[str, Any]:
+    result = sb.exec(["python3", "-c", STAT, path, json.dumps(offsets)], timeout=60).check()
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def pool() -> StoragePool:
+    return need_storage_pool()
+
+
+# -- the workspace is a subvolume, and goes with its sandbox ------------------------------------
+
+
+def test_the_workspace_is_a_subvolume_named_after_the_sandbox(backend_name: str, pool: StoragePool) -> None:
+    before = host_bytes(pool)
+    with Sandbox(backend=backend_name, workspace="disk", disk="256m", timeout=120) as sb:
+        path = pool.path(sb.id)
+        assert sb.config.limits.workspace_medium == "disk" and sb.config.limits.workspace == 256 * MiB
+        # The root of a btrfs subvolume has inode 256; it belongs to the sandbox's user.
+        st = os.stat(path)
+        assert st.st_ino == 256 and (st.st_uid, st.st_gid) == (SANDBOX_UID, SANDBOX_UID)
+        # Incompressible data, written inside, lands in that subvolume on the host.
+        sh(sb, "head -c 64M /dev/urandom > blob.bin && sync")
+        assert (path / "blob.bin").stat().st_size == 64 * MiB
+        written = host_bytes(pool)
+        assert written - before >= 48 * MiB
+        assert pool.used(sb.id) >= 64 * MiB
+    assert not os.path.lexists(path)
+    assert sb.id not in pool.names()
+    # Deleting the subvolume gave its blocks back to the host.
+    assert written - host_bytes(pool) >= 48 * MiB
+
+
+def test_disk_does_not_count_against_memory(backend_name: str) -> None:
+    with Sandbox(backend=backend_name, workspace="disk", memory="128m", disk="512m", timeout=120) as sb:
+        assert sb.config.limits.memory == 128 * MiB
+        sh(sb, "head -c 300M /dev/zero > big.bin", timeout=120)
+        assert stat_in(sb, "big.bin", [])["size"] == 300 * MiB
+        assert sh(sb, "echo alive") == "alive\n"
+    with pytest.raises(ConfigurationError) as info:
+        Sandbox(backend=backend_name, workspace="memory", memory="128m", workspace_size="512m", timeout=60)
+    assert "on disk" in str(info.value)
+
+
+# -- sparse files cost no host disk through fork, snapshot and restore -------------------------
+
+SPARSE = r"""
+import os
+with open("sparse.bin", "wb") as f:
+    f.truncate(3 << 30)
+    for off, text in ((0, b"first"), (1 << 30, b"mid01"), ((3 << 30) - 5, b"last!")):
+        f.seek(off)
+        f.write(text)
+"""
+OFFSETS = [0, 1 << 30, (3 << 30) - 5]
+MARKS = {"0": "first", str(1 << 30): "mid01", str((3 << 30) - 5): "last!"}
+
+
+def test_a_3g_sparse_file_costs_no_host_disk(backend_name: str, pool: StoragePool, tmp_path: Path) -> None:
+    slack = 64 * MiB  # metadata, and other sandboxes on the same pool
+    with Sandbox(backend=backend_name, workspace="disk", disk="4g", timeout=180) as parent:
+        start = host_bytes(pool)
+        parent.exec_python(SPARSE, timeout=60).check()
+        made = stat_in(parent, "sparse.bin", OFFSETS)
+        assert made["size"] == 3 * GiB and made["at"] == MARKS and made["allocated"] < MiB
+        assert host_bytes(pool) - start < slack
+
+        before = host_bytes(pool)
+        with parent.fork() as child:
+            seen = stat_in(child, "sparse.bin", OFFSETS)
+            assert seen["size"] == 3 * GiB and seen["at"] == MARKS and seen["allocated"] < MiB
+            assert host_bytes(pool) - before < slack
+
+        target = tmp_path / "sparse.tar"
+        before = host_bytes(pool)
+        meta = parent.snapshot(target)
+        assert meta.size < 4 * MiB and os.stat(target).st_blocks * 512 < 4 * MiB
+        assert host_bytes(pool) - before < slack
+
+    with Sandbox(backend=backend_name, workspace="disk", disk="4g", timeout=180) as other:
+        before = host_bytes(pool)
+        other.restore(target)
+        back = stat_in(other, "sparse.bin", OFFSETS)
+        assert back["size"] == 3 * GiB and back["at"] == MARKS and back["allocated"] < MiB
+        assert host_bytes(pool) - before < slack
+
+
+# -- a fork is an instant of its parent --------------------------------------------------------
+
+#: Numbered files, each complete (written under a temp name, then renamed) until ``stop`` exists.
+WRITER = r"""
+import os
+os.makedirs("n", exist_ok=True)
+i = 0
+while not os.path.exists("stop") and i < 200000:
+    body = (str(i) + "\n").encode() * 2000
+    with open("n/.tmp", "wb") as f:
+        f.write(body)
+    os.rename("n/.tmp", "n/%06d" % i)
+    i += 1
+print(i)
+"""
+
+#: How many numbered files there are, and whether they are 0..n-1, each complete.
+CHECK = r"""
+import json, os
+names = sorted(n for n in os.listdir("n") if not n.startswith("."))
+numbers = [int(n) for n in names]
+complete = all(open("n/" + n, "rb").read() == (str(int(n)) + "\n").encode() * 2000 for n in names)
+print(json.dumps({"count": len(numbers), "prefix": numbers == list(range(len(numbers))), "complete": complete}))
+"""
+
+
+def numbered(sb: Sandbox) -> dict[str, Any]:
+    doc: dict[str, Any] = sb.exec_json(CHECK, timeout=60)
+    return doc
+
+
+def test_a_fork_sees_a_consistent_instant(backend_name: str) -> None:
+    with Sandbox(backend=backend_name, workspace="disk", disk="512m", timeout=180) as parent:
+        writing = Background(lambda: parent.exec_python(WRITER, timeout=150))
+        children: list[Sandbox] = []
+        try:
+            wait_until(lambda: parent.exists("n/000020"), "the parent's first files", within=60)
+            for _ in range(3):
+                children.append(parent.fork())
+            counts = []
+            for child in children:
+                found = numbered(child)
+                assert found["prefix"] and found["complete"], found
+                assert found["count"] >= 20
+                counts.append(found["count"])
+            assert counts == sorted(counts)  # each fork a later instant of the same history
+            # Independent afterwards: the parent writes on, the children have no writer.
+            last = counts[-1]
+            wait_until(lambda: parent.exists(f"n/{last + 50:06d}"), "the parent writing on", within=60)
+            children[0].write_file("child-only", "c")
+            for child, count in zip(children, counts, strict=True):
+                assert numbered(child)["count"] == count
+            assert not parent.exists("child-only") and not children[1].exists("child-only")
+        finally:
+            parent.write_file("stop", "")
+            assert writing.join(60)
+            for child in children:
+                child.destroy()
+        assert writing.error is None
+        result = writing.result
+        assert result.exit_code == 0 and int(result.stdout) > counts[-1] + 50
+        after = numbered(parent)
+        assert after["prefix"] and after["complete"]
+
+
+# -- prune reaps workspaces without a sandbox --------------------------------------------------
+
+
+def test_prune_reaps_orphaned_workspaces_and_keeps_live_ones(backend_name: str, pool: StoragePool) -> None:
+    orphan = os.urandom(6).hex()
+    old = time.time() - storage.ORPHAN_AGE - 60
+    with Sandbox(backend=backend_name, workspace="disk", disk="64m", timeout=120) as live:
+        api = live.backend.api  # type: ignore[attr-defined]
+        path = pool.create(orphan, 16 << 20, SANDBOX_UID, SANDBOX_UID)
+        try:
+            # Both old: only the container's existence keeps the live one.
+            os.utime(path, (old, old))
+            os.utime(pool.path(live.id), (old, old))
+            dry = prune(api, pool=pool, dry_run=True)
+            listed = {r.id: r for r in dry.workspaces}
+            assert f"ws/{orphan}" in listed and f"ws/{live.id}" not in listed
+            found = listed[f"ws/{orphan}"]
+            assert (found.kind, found.sandbox, found.reason) == ("workspace", orphan, SANDBOX_GONE)
+            assert dry.dry_run and path.exists()
+            # Only this orphan (other sessions share the engine and the pool).
+            report = prune(api, pool=pool, sandbox=orphan)
+            assert report.ok, report.errors
+            assert [r.id for r in report.workspaces] == [f"ws/{orphan}"]
+            assert not os.path.lexists(path) and orphan not in pool.names()
+            assert pool.path(live.id).exists()
+            assert live.exec_shell("echo ok > f && cat f").stdout == "ok\n"
+            # A live sandbox's workspace stays under a full prune of it, old or not.
+            again = prune(api, pool=pool, sandbox=live.id)
+            assert again.workspaces == () and pool.path(live.id).exists()
+        finally:
+            pool.remove(orphan)
+
+
+# -- setup and doctor --------------------------------------------------------------------------
+
+
+def agentnest(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(REPO / ".venv/bin/agentnest"), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_setup_makes_a_pool_once_then_takes_no_steps(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("agentnest setup needs root")
+    root = tmp_path / "pool"
+    try:
+        first = agentnest("setup", "--path", str(root), "--size", "1g")
+        assert first.returncode == 0, first.stderr
+        steps = [line for line in first.stdout.splitlines() if line.startswith("setup: ")]
+        assert len(steps) == 3 and steps[-1] == "setup: enabled quotas", first.stdout
+        assert f"storage pool ready at {root}" in first.stdout
+        second = agentnest("setup", "--path", str(root))
+        assert second.returncode == 0, second.stderr
+        assert not [line for line in second.stdout.splitlines() if line.startswith("setup:")], second.stdout
+        assert f"storage pool ready at {root}" in second.stdout and "0 workspace(s)" in second.stdout
+        # The one on this host, made by `make engine`: ready, nothing to do.
+        default = agentnest("setup")
+        assert default.returncode == 0 and "setup:" not in default.stdout
+        assert f"storage pool ready at {storage.DEFAULT_ROOT}" in default.stdout
+    finally:
+        subprocess.run(["umount", str(root)], capture_output=True, check=False)
+
+
+@pytest.mark.docker
+def test_doctor_reports_the_storage_pool_ok() -> None:
+    need_storage_pool()
+    done = agentnest("doctor", "--json", "--backend", "docker", timeout=240)
+    doc = json.loads(done.stdout)
+    (check,) = [c for c in doc["checks"] if c["name"] == "storage pool"]
+    assert check["status"] == "ok", check
+    assert check["detail"].startswith(f"{storage.DEFAULT_ROOT}: ") and "free of" in check["detail"]
+
+
+# -- the host paths answer as the channel does ------------------------------------------------
+
+POLICY = SecurityPolicy(max_file_bytes=4 * MiB)
+BAD = r"""
+set -e
+mkdir -p bad/adir bad/locked-dir
+echo inside > bad/adir/f
+ln -s adir bad/link
+echo secret > bad/locked && chmod 000 bad/locked
+echo x > bad/locked-dir/f && chmod 000 bad/locked-dir
+mkfifo bad/fifo
+head -c 5M /dev/zero > bad/big.bin
+"""
+TREE = r"""
+set -e
+mkdir -p tree/sub/deep "tree/sp ace" tree/empty
+head -c 300000 /dev/urandom > tree/sub/blob.bin
+printf 'hello\n' > tree/a.txt
+: > tree/sub/deep/empty.txt
+printf 'ünï' > "tree/sp ace/ünï.txt"
+chmod 640 tree/a.txt
+truncate -s 10M tree/sparse.bin
+ln -s ../a.txt tree/sub/link
+"""
+READS = ["bad/missing", "bad/adir", "bad/link/f", "bad/locked", "bad/fifo", "bad/big.bin", "bad/locked-dir/f"]
+WRITES = ["bad/link/new", "bad/adir", "bad/locked-dir/new", "bad/missing-dir/../../../out"]
+EXPECTED = {
+    "bad/missing": "not_found",
+    "bad/adir": "is_directory",
+    "bad/link/f": "symlink",
+    "bad/locked": "permission",
+    "bad/fifo": "not_regular",
+    "bad/big.bin": "too_large",
+    "bad/locked-dir/f": "permission",
+}
+
+
+@pytest.fixture(scope="module")
+def pair(backend_name: str) -> Iterator[dict[str, Sandbox]]:
+    """A disk sandbox (host paths) and a memory one (the channel), holding the same files."""
+    need_storage_pool()
+    with (
+        Sandbox(backend=backend_name, workspace="disk", disk="256m", security_policy=POLICY, timeout=300) as disk,
+        Sandbox(
+            backend=backend_name, workspace="memory", workspace_size="64m", security_policy=POLICY, timeout=300
+        ) as memory,
+    ):
+        for sb in (disk, memory):
+            sh(sb, BAD + TREE)
+        yield {"disk": disk, "memory": memory}
+
+
+def outcome(call: Any) -> str:
+    try:
+        call()
+    except FileAccessError as exc:
+        return exc.code
+    return "ok"
+
+
+def test_file_errors_are_the_same_on_both_paths(pair: dict[str, Sandbox], backend_name: str) -> None:
+    reads = {m: {p: outcome(lambda p=p: sb.read_file(p, encoding=None)) for p in READS} for m, sb in pair.items()}
+    assert reads["disk"] == reads["memory"]
+    expected = dict(EXPECTED)
+    if backend_name == "gvisor":  # checked there too, but the runtime decides what 000 means
+        expected.pop("bad/locked")
+        expected.pop("bad/locked-dir/f")
+    assert {p: reads["disk"][p] for p in expected} == expected
+    writes = {m: {p: outcome(lambda p=p: sb.write_file(p, b"w")) for p in WRITES} for m, sb in pair.items()}
+    assert writes["disk"] == writes["memory"]
+    assert writes["disk"]["bad/link/new"] == "symlink" and writes["disk"]["bad/adir"] != "ok"
+    assert writes["disk"]["bad/missing-dir/../../../out"] == "outside_workspace"
+    # Nothing was made where a write was refused.
+    for sb in pair.values():
+        assert not sb.exists("bad/adir/new") and sb.read_file("bad/adir/f") == "inside\n"
+        assert sb.exec_shell("test -e /workspace/../out || test -e bad/link/new").exit_code != 0
+
+
+def test_bytes_ownership_and_modes_are_the_same_on_both_paths(pair: dict[str, Sandbox], pool: StoragePool) -> None:
+    data = os.urandom(3 * MiB + 17)
+    probe = r"""
+import hashlib, json, os
+out = {}
+for p in ("made", "made/deep", "made/deep/f.bin"):
+    st = os.stat(p)
+    out[p] = [st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)]
+out["sha"] = hashlib.sha256(open("made/deep/f.bin", "rb").read()).hexdigest()
+print(json.dumps(out))
+"""
+    seen = {}
+    for medium, sb in pair.items():
+        sb.write_file("made/deep/f.bin", data, mode=0o640)
+        assert sb.read_file("made/deep/f.bin", encoding=None) == data
+        assert sb.read_file("tree/sub/blob.bin", encoding=None) == sb.exec_shell("cat tree/sub/blob.bin").stdout_bytes
+        seen[medium] = sb.exec_json(probe, timeout=60)
+    assert seen["disk"] == seen["memory"]
+    assert seen["disk"]["sha"] == hashlib.sha256(data).hexdigest()
+    assert seen["disk"]["made/deep/f.bin"] == [SANDBOX_UID, SANDBOX_UID, "0o640"]
+    assert seen["disk"]["made"][:2] == seen["disk"]["made/deep"][:2] == [SANDBOX_UID, SANDBOX_UID]
+    # And on the host, in the pool: the sandbox's user, never root.
+    on_host = pool.path(pair["disk"].id) / "made/deep/f.bin"
+    st = on_host.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (SANDBOX_UID, SANDBOX_UID, 0o640)
+    assert on_host.parent.stat().st_uid == on_host.parent.parent.stat().st_uid == SANDBOX_UID
+
+
+def tree_of(root: Path) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for base, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(base) / name
+            st = p.lstat()
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                found[rel] = ("link", os.readlink(p))
+            elif p.is_dir():
+                found[rel] = ("dir", st.st_mode & 0o777)
+            else:
+                found[rel] = ("file", st.st_mode & 0o777, hashlib.sha256(p.read_bytes()).hexdigest())
+    return found
+
+
+def snapshot_members(path: Path) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    with tarfile.open(path) as tar:
+        for m in tar:
+            f = tar.extractfile(m) if m.isfile() else None
+            digest = hashlib.sha256(f.read()).hexdigest() if f is not None else ""
+            found[m.name] = (m.type, m.mode, m.size, m.uid, m.gid, m.linkname, digest)
+    return found
+
+
+def test_artifacts_download_and_snapshots_are_the_same_on_both_paths(
+    pair: dict[str, Sandbox], tmp_path: Path
+) -> None:
+    results: dict[str, dict[str, Any]] = {}
+    for medium, sb in pair.items():
+        sh(sb, "rm -rf bad made")  # what a snapshot refuses: the error tests above are done with it
+        got: dict[str, Any] = {"artifacts": sb.artifacts("tree/**")}
+        copy = sb.download("tree", tmp_path / medium / "dl")
+        got["download"] = tree_of(copy)
+        got["file"] = sb.download("tree/a.txt", tmp_path / medium / "one").read_bytes()
+        got["link"] = outcome(lambda sb=sb, medium=medium: sb.download("tree/sub/link", tmp_path / medium / "l"))
+        meta = sb.snapshot(tmp_path / medium / "snap.tar")
+        got["snapshot"] = snapshot_members(meta.path)
+        got["counts"] = (meta.files, meta.entries)
+        results[medium] = got
+    disk, memory = results["disk"], results["memory"]
+    assert disk["artifacts"] == memory["artifacts"]
+    assert {a.path for a in disk["artifacts"]} >= {"tree/a.txt", "tree/sub/blob.bin", "tree/sparse.bin"}
+    assert disk["download"] == memory["download"] and "sub/blob.bin" in disk["download"]
+    assert disk["file"] == memory["file"] == b"hello\n"
+    assert disk["link"] == memory["link"] != "ok"
+    assert disk["counts"] == memory["counts"]
+    payload = {k: v for k, v in disk["snapshot"].items() if k != "agentnest-snapshot.json"}
+    assert payload == {k: v for k, v in memory["snapshot"].items() if k != "agentnest-snapshot.json"}
+    assert "workspace/tree/sub/link" in payload and "workspace/tree/sparse.bin" in payload
+
+
+# -- restore into a workspace too small --------------------------------------------------------
+
+
+def test_restoring_a_snapshot_bigger_than_disk_fails_and_keeps_the_files(
+    backend_name: str, tmp_path: Path
+) -> None:
+    with Sandbox(backend=backend_name, workspace="disk", disk="128m", timeout=120) as source:
+        sh(source, "head -c 24M /dev/urandom > big.bin")
+        snap = source.snapshot(tmp_path / "big.tar").path
+    with Sandbox(backend=backend_name, workspace="disk", disk="16m", timeout=120) as target:
+        target.write_file("old.txt", "old")
+        sh(target, "mkdir -p keep && echo k > keep/k")
+        with pytest.raises(SnapshotError):
+            target.restore(snap)
+        assert target.read_file("old.txt") == "old" and target.read_file("keep/k") == "k\n"
+        assert not target.exists("big.bin")
+        assert sorted(e.path for e in target.list_files()) == ["keep", "old.txt"]
