@@ -68,8 +68,17 @@ _HASHER = "hasher"  # one line [path, size, sha256] per file that a pattern matc
 
 @lru_cache(maxsize=8)  # three programs
 def _source(program: str) -> str:
-    """The source of ``program`` (one of :data:`_WRITER`, :data:`_EXTRACTOR`, :data:`_HASHER`)."""
-    return resources.files("agentnest.agent").joinpath(f"{program}.py").read_text("utf-8")
+    """The source of ``program`` (one of :data:`_WRITER`, :data:`_EXTRACTOR`, :data:`_HASHER`).
+
+    What the three share (``agent/_prelude.py``) comes first; the program's own
+    ``from __future__`` line goes (it must open a file, and the prelude's does).
+    """
+    files = resources.files("agentnest.agent")
+    own = files.joinpath(f"{program}.py").read_text("utf-8")
+    future = "from __future__ import annotations\n"
+    if future not in own:
+        raise RuntimeError(f"agent/{program}.py must import annotations from __future__")
+    return files.joinpath("_prelude.py").read_text("utf-8") + own.replace(future, "", 1)
 
 
 def _argv(program: str, args: dict[str, Any]) -> list[str]:

@@ -152,8 +152,9 @@ def test_gpus_out_of_range(gpus: Any) -> None:
 
 @pytest.mark.parametrize("field", ["workspace", "scratch"])
 def test_filesystems_need_at_least_a_mebibyte(field: str) -> None:
+    sizes: dict[str, Any] = {field: MiB - 1}
     with refused(field):
-        ResourceLimits(**{field: MiB - 1})
+        ResourceLimits(**sizes)
 
 
 def test_workspace_and_scratch_must_leave_memory_for_processes() -> None:
