@@ -53,7 +53,7 @@ def fork(parent: Sandbox, *, timeout: float | None = None) -> Sandbox:
         for secret in guard.secrets:
             child._guard.add_secret(secret)
         try:
-            program, feeder = _start_extractor(child, limits.workspace)
+            _, feeder = _start_extractor(child, limits.workspace)
         except BaseException:
             writer.cancel()
             raise
@@ -69,10 +69,7 @@ def fork(parent: Sandbox, *, timeout: float | None = None) -> Sandbox:
             # A stream without the metadata member still needs its end marker.
             feeder.send(bytes(2 * tarfile.BLOCKSIZE))
         except BaseException as exc:
-            if isinstance(exc, Exception):
-                feeder.abort()
-            else:
-                program.cancel()
+            feeder.drop(exc)
             raise
         feeder.finish(commit=True)
     except BaseException:

@@ -393,6 +393,13 @@ class _Feeder:
             raise self.program.failure("the extractor")
         return self.final
 
+    def drop(self, exc: BaseException) -> None:
+        """After ``exc``: the extractor drops what it staged (an error), or is killed (an interrupt)."""
+        if isinstance(exc, Exception):
+            self.abort()
+        else:
+            self.program.cancel()
+
     def abort(self) -> None:
         """Best effort: tell the extractor to drop what it staged, and wait for it."""
         if self.program.exit is not None:

@@ -143,17 +143,14 @@ def restore(sandbox: Sandbox, path: str | os.PathLike[str]) -> SnapshotMetadata:
     # Fast path: the extractor runs on the host, in the workspace, with the
     # sandbox frozen throughout (nothing in it can race the extraction).
     with _open_snapshot(path) as snap, _frozen_live(sandbox) as local:
-        program, feeder = _start_extractor(sandbox, max_bytes, local)
+        _, feeder = _start_extractor(sandbox, max_bytes, local)
         try:
             # The extractor stages everything; it swaps only on commit, which
             # it gets only if the whole file checked out.
             doc, whole, _ = _read_snapshot_file(snap, TarRules(max_bytes=max_bytes), feeder.send)
             feeder.send(bytes(2 * tarfile.BLOCKSIZE))  # the end marker the host kept back
         except BaseException as exc:
-            if isinstance(exc, Exception):
-                feeder.abort()
-            else:
-                program.cancel()
+            feeder.drop(exc)
             raise
         feeder.finish(commit=True)
     meta = _metadata(doc, Path(os.fspath(path)), snap.size, whole, snap.compressed)
