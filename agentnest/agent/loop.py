@@ -21,7 +21,19 @@ from . import files, wire
 AGENT_VERSION = "0.4.0"
 #: "session-names": session.open takes a name (and attaches to the session that has
 #: it), session.list lists the live sessions; the registry lives here, in the agent.
-CAPABILITIES = ["exec", "stream", "stdin", "files", "tree-kill", "session", "session-names", "pty"]
+#: "reconnect": a "reconnect" frame (a new host connection on the same stdin, after a
+#: checkpoint restore) is answered with a fresh hello; the agent's state is kept.
+CAPABILITIES = [
+    "exec",
+    "stream",
+    "stdin",
+    "files",
+    "tree-kill",
+    "session",
+    "session-names",
+    "pty",
+    "reconnect",
+]
 #: While commands or session runs are active, the agent sends at least one
 #: frame this often, so the host can tell a busy agent from a stalled channel.
 HEARTBEAT = 1.0
@@ -90,6 +102,17 @@ class Agent:
         os.set_blocking(self.rfd, False)
         self.sel.register(self.rfd, selectors.EVENT_READ, "host")
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._hello()
+        try:
+            self._serve()
+        finally:
+            # However the loop ends (host gone, or a bug), leave no command running.
+            for cmd in list(self.commands.values()):
+                execmod.kill_tree(cmd.pid, cmd.marker)
+            if self._sessions is not None:
+                self._sessions.kill_all()
+
+    def _hello(self) -> None:
         self.send(
             {
                 "t": "hello",
@@ -105,14 +128,6 @@ class Agent:
                 "caps": CAPABILITIES,
             }
         )
-        try:
-            self._serve()
-        finally:
-            # However the loop ends (host gone, or a bug), leave no command running.
-            for cmd in list(self.commands.values()):
-                execmod.kill_tree(cmd.pid, cmd.marker)
-            if self._sessions is not None:
-                self._sessions.kill_all()
 
     @property
     def sessions(self) -> Any:
@@ -290,6 +305,14 @@ class Agent:
             self.send({"t": "pong", "id": rid})
         elif kind == "shutdown":
             self.running = False
+        elif kind == "reconnect":
+            # A new host side after a checkpoint restore (or a live fork's
+            # child): its requests get new ids; frames this agent still sends
+            # for the old ones are dropped there.  Writes in progress belong to
+            # the old side and are abandoned.
+            for wid in list(self.workspace._writes):
+                self.workspace.abort_write(wid)
+            self._hello()
         else:
             self.error(rid, "unknown", "unknown request type %r" % kind)
 

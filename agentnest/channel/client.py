@@ -70,13 +70,13 @@ class _Pending:
 class Channel:
     """A live connection to one agent.  Use :meth:`connect`."""
 
-    def __init__(self, stream: ByteStream) -> None:
+    def __init__(self, stream: ByteStream, first_id: int = 1) -> None:
         self._stream = stream
         self._decoder = new_decoder()
         self._pending: dict[int, _Pending] = {}
         self._lock = threading.Lock()
         self._wlock = threading.Lock()
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(first_id)
         self._broken: str | None = None
         self._reader: threading.Thread | None = None
         self.hello: Hello | None = None
@@ -87,14 +87,27 @@ class Channel:
         self._held = False
 
     @classmethod
-    def connect(cls, stream: ByteStream, bundle: bytes | None, timeout: float = 30.0) -> Channel:
-        """Send the agent bundle (if the far end waits for one) and await hello."""
-        ch = cls(stream)
+    def connect(
+        cls, stream: ByteStream, bundle: bytes | None, timeout: float = 30.0, *, after: Channel | None = None
+    ) -> Channel:
+        """Send the agent bundle (if the far end waits for one) and await hello.
+
+        With ``after`` (the channel this one replaces), the far end is an
+        agent that already runs (restored from a checkpoint): it gets a
+        ``reconnect`` frame instead of the bundle and answers with a fresh
+        hello.  Request ids continue after ``after``'s, so the frames the
+        agent still sends for the old side's requests match nothing here
+        and are dropped.
+        """
+        ch = cls(stream, first_id=1 if after is None else after.next_id())
         waiter = ch._register(_HELLO)
         ch._reader = threading.Thread(target=ch._read_loop, name="agentnest-channel", daemon=True)
         ch._reader.start()
         try:
-            if bundle:
+            if after is not None:
+                with ch._wlock:
+                    stream.write(encode({"t": "reconnect"}))
+            elif bundle:
                 with ch._wlock:
                     stream.write(bundle)
             item = ch._get(waiter, time.monotonic() + timeout, "the agent's hello")
@@ -120,6 +133,11 @@ class Channel:
 
     def diagnostics(self) -> str:
         return self._stream.diagnostics()
+
+    def next_id(self) -> int:
+        """A request id above every one this channel used (for the channel that replaces it)."""
+        with self._lock:
+            return next(self._ids) + 1
 
     def hold(self, held: bool) -> None:
         """Suspend (``True``) or restart (``False``) stall detection, for a pause of the sandbox."""

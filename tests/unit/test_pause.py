@@ -25,6 +25,8 @@ from agentnest import (
     UnsupportedCapabilityError,
 )
 from agentnest.channel import client
+from agentnest.channel.streams import ByteStream
+from agentnest.config import SandboxConfig
 from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
 from agentnest.testing import process
 from agentnest.testing.wait import wait_until
@@ -76,7 +78,8 @@ def test_calls_are_refused_while_paused_and_work_after(sandbox: Sandbox, backend
     session = sandbox.python_session(name="main")
     session.run("n = 1")
     sandbox.pause()
-    assert sandbox.paused and "paused" in repr(sandbox)
+    assert "paused" in repr(sandbox)
+    states = [sandbox.paused]
     for call in (
         lambda: sandbox.exec(["true"]),
         lambda: sandbox.read_file("x"),
@@ -87,7 +90,8 @@ def test_calls_are_refused_while_paused_and_work_after(sandbox: Sandbox, backend
         with pytest.raises(SandboxPausedError, match=r"resume\(\)"):
             call()
     sandbox.resume()
-    assert not sandbox.paused
+    states.append(sandbox.paused)
+    assert states == [True, False]
     assert session.run("n += 1; n").result == "2"
     assert sandbox.exec(["echo", "ok"]).stdout.strip() == "ok"
     assert backend.calls == ["pause", "resume"]
@@ -145,10 +149,10 @@ def test_the_default_backend_refuses_pause() -> None:
     class Bare(RuntimeBackend):
         name = "bare"
 
-        def create(self, config: object) -> SandboxHandle:  # type: ignore[override]
+        def create(self, config: SandboxConfig) -> SandboxHandle:
             raise NotImplementedError
 
-        def open_channel(self, handle: SandboxHandle) -> object:  # type: ignore[override]
+        def open_channel(self, handle: SandboxHandle) -> ByteStream:
             raise NotImplementedError
 
         def destroy(self, handle: SandboxHandle) -> None:

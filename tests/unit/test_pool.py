@@ -1,8 +1,9 @@
 """SandboxPool and AsyncSandboxPool logic (pool.py) with fake sandboxes: no engine.
 
 The fakes stand in for what the pool touches of a ``Sandbox``: ``destroy``,
-``destroyed``, ``deadline``, ``config.workdir``, ``exec`` (the clean reset)
-and the channel's ``request`` (the health ping).
+``destroyed``, ``deadline``, ``config.workdir``/``read_only_root``, ``exec``
+(the clean reset), ``handle.info`` (the egress log) and the channel's
+``request`` (the health ping), ``alive``, ``hello`` and session calls.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -49,11 +51,20 @@ class FakeSandbox:
         self.deadline = time.time() + lifetime
         self.destroyed = False
         self.destroy_calls = 0
-        self.config = SimpleNamespace(workdir="/workspace")
+        self.config = SimpleNamespace(workdir="/workspace", read_only_root=True)
+        self.handle = SimpleNamespace(info={})
         self.healthy = True
         self.clean_ok = True
         self.pings = 0
         self.cleans = 0
+        self.clean_gate = threading.Event()
+        self.clean_gate.set()
+        #: None: no channel object, so every acquire pings; set to self to model an open one.
+        self._channel: FakeSandbox | None = None
+        self.alive = True
+        self.hello: Any = None  # no capabilities: no session calls
+        self.sessions_left: list[int] = []
+        self.closed_sessions: list[int] = []
 
     def destroy(self) -> None:
         self.destroy_calls += 1
@@ -71,8 +82,18 @@ class FakeSandbox:
             raise ChannelError("the fake agent is gone")
         return {"t": "pong"}
 
+    def list_sessions(self, deadline: float | None) -> tuple[Any, ...]:
+        return tuple(SimpleNamespace(session=sid) for sid in self.sessions_left)
+
+    def session_call(self, header: dict[str, Any], deadline: float | None) -> dict[str, Any]:
+        assert header["t"] == "session.close"
+        self.sessions_left.remove(header["session"])
+        self.closed_sessions.append(header["session"])
+        return {"t": "done"}
+
     def exec(self, argv: list[str], *, timeout: float | None = None) -> Any:
-        assert argv[:2] == ["python3", "-c"] and argv[3] == "/workspace"
+        assert argv[:3] == ["/bin/sh", "-c", CLEAN_SCRIPT] and argv[4] == "/workspace"
+        self.clean_gate.wait(WAIT)
         self.cleans += 1
         ok = self.clean_ok
         return SimpleNamespace(exit_code=0 if ok else 1, stdout="clean\n" if ok else "")
@@ -186,7 +207,7 @@ def test_nothing_is_created_before_start(pools: list[SandboxPool], factory: Fact
 
 
 def test_first_acquire_starts_the_pool(pools: list[SandboxPool], factory: Factory) -> None:
-    pool = make_pool(pools, factory, size=3)
+    pool = make_pool(pools, factory, size=3, reset="destroy")
     with pool.acquire() as sandbox:
         assert fake(sandbox) in factory.made
         assert pool.stats.in_use == 1
@@ -194,7 +215,7 @@ def test_first_acquire_starts_the_pool(pools: list[SandboxPool], factory: Factor
 
 
 def test_destroy_reset_destroys_after_use_and_replaces(pools: list[SandboxPool], factory: Factory) -> None:
-    pool = make_pool(pools, factory, size=2)
+    pool = make_pool(pools, factory, size=2, reset="destroy")
     pool.start(wait=True)
     with pool.acquire() as sandbox:
         used = fake(sandbox)
@@ -227,6 +248,73 @@ def test_clean_reset_reuses_until_max_uses(pools: list[SandboxPool], factory: Fa
     assert first.cleans == 2  # after uses 1 and 2; the third use retires it
     wait_until(lambda: first.destroyed, "retirement after max_uses")
     assert first.destroy_calls == 1
+
+
+def test_the_default_reset_is_clean(pools: list[SandboxPool], factory: Factory) -> None:
+    pool = make_pool(pools, factory, size=1)
+    with pool.acquire() as sandbox:
+        first = fake(sandbox)
+    with pool.acquire() as sandbox:
+        assert fake(sandbox) is first and first.cleans == 1
+    assert factory.calls == 1
+
+
+def test_release_returns_at_once_and_the_reset_runs_in_the_background(
+    pools: list[SandboxPool], factory: Factory
+) -> None:
+    pool = make_pool(pools, factory, size=1, acquire_timeout=WAIT)
+    with pool.acquire() as sandbox:
+        first = fake(sandbox)
+        first.clean_gate.clear()  # the reset blocks until the test lets it go
+    # Out of the block while the reset is still blocked: release did not wait for it.
+    stats = pool.stats
+    assert (stats.in_use, stats.idle) == (0, 0) and first.cleans == 0
+    with pytest.raises(PoolExhaustedError), pool.acquire(timeout=0.05):
+        pass  # drained: the only sandbox is being reset, none is lent half-clean
+    first.clean_gate.set()
+    wait_until(lambda: pool.stats.idle == 1, "the background reset")
+    with pool.acquire() as sandbox:
+        assert fake(sandbox) is first and first.cleans == 1
+
+
+def test_a_writable_root_is_never_reused(pools: list[SandboxPool], factory: Factory) -> None:
+    pool = make_pool(pools, factory, size=1)
+    with pool.acquire() as sandbox:
+        first = fake(sandbox)
+        first.config.read_only_root = False  # what a use changed on the root would stay
+    with pool.acquire() as sandbox:
+        assert fake(sandbox) is not first
+    assert first.destroyed and first.cleans == 0
+
+
+def test_clean_closes_sessions_and_forgets_the_network_log(
+    pools: list[SandboxPool], factory: Factory
+) -> None:
+    pool = make_pool(pools, factory, size=1)
+    with pool.acquire() as sandbox:
+        first = fake(sandbox)
+        first.hello = SimpleNamespace(capabilities=frozenset({"session", "session-names"}))
+        first.sessions_left = [1, 2]
+        log = SimpleNamespace(_events=[{"host": "example.com"}], _lock=threading.Lock())
+        first.handle.info["egress"] = log
+    wait_until(lambda: pool.stats.idle == 1, "the reset")
+    assert first.closed_sessions == [1, 2] and first.sessions_left == []
+    assert log._events == []
+
+
+def test_a_fresh_reset_spares_the_ping(pools: list[SandboxPool], factory: Factory) -> None:
+    pool = make_pool(pools, factory, size=1)
+    with pool.acquire() as sandbox:
+        first = fake(sandbox)
+        assert first.pings == 1  # never cleaned yet: pinged
+        first._channel = first  # an open channel
+    wait_until(lambda: pool.stats.idle == 1, "the reset")
+    with pool.acquire() as sandbox:
+        assert first.pings == 1  # the reset just proved the agent answers
+    wait_until(lambda: pool.stats.idle == 1, "the reset")
+    first.alive = False  # the channel broke: ping (and reconnect) again
+    with pool.acquire() as sandbox:
+        assert fake(sandbox) is first and first.pings == 2
 
 
 def test_failed_clean_destroys_and_replaces(pools: list[SandboxPool], factory: Factory) -> None:
@@ -474,27 +562,41 @@ def test_context_manager_starts_and_closes(factory: Factory) -> None:
 # -- the clean script --------------------------------------------------------------------------
 
 
-def test_clean_script_refuses_to_run_outside_a_sandbox() -> None:
-    """On a host, PID 1 is not the keeper: the script must stop before killing or deleting.
+# Every destructive command becomes a function that exits 99 (a function shadows the
+# shell's regular builtins such as kill, and every program), so a broken check fails the
+# test instead of harming the machine.
+STUBS = "".join(
+    f"{name}() {{ echo DESTRUCTIVE {name}; exit 99; }}\n" for name in ("kill", "rm", "chmod", "ipcrm")
+)
 
-    Every destructive call is replaced by one that exits 99, so a broken check fails the test
-    instead of harming the machine.
-    """
-    guard = (
-        "import os, shutil, sys\n"
-        "def stop(*a, **k):\n"
-        "    sys.stdout.write('DESTRUCTIVE CALL\\n'); sys.stdout.flush(); os._exit(99)\n"
-        "os.kill = os.unlink = os.rmdir = os.chmod = os.remove = shutil.rmtree = stop\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", guard + CLEAN_SCRIPT, "/nonexistent-agentnest-workspace"],
+
+def run_clean_script(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["/bin/sh", "-c", STUBS + script, "agentnest-clean", "/nonexistent-agentnest-workspace"],
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
+
+
+def test_clean_script_refuses_to_run_outside_a_sandbox() -> None:
+    """On a host, PID 1 is not the keeper: the script must stop before killing or deleting."""
+    proc = run_clean_script(CLEAN_SCRIPT)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "refused" in proc.stdout and "DESTRUCTIVE" not in proc.stdout
+
+
+def test_clean_script_goes_on_under_the_keeper(tmp_path: Path) -> None:
+    """The positive control: with the keeper's command line as PID 1's, the script kills."""
+    from agentnest.runtime.bootstrap import BOOTSTRAP
+
+    cmdline = tmp_path / "cmdline"
+    cmdline.write_bytes(b"\0".join([b"python3", b"-S", b"-c", BOOTSTRAP.encode(), b"keeper", b"300.000", b""]))
+    assert CLEAN_SCRIPT.count("/proc/1/cmdline") == 1
+    proc = run_clean_script(CLEAN_SCRIPT.replace("/proc/1/cmdline", str(cmdline)))
+    assert proc.returncode == 99, proc.stdout + proc.stderr
+    assert "DESTRUCTIVE kill" in proc.stdout  # the host's processes, but the stub stopped it
 
 
 # -- the async twin -----------------------------------------------------------------------------
@@ -527,7 +629,7 @@ async def test_async_pool_lends_async_sandboxes(factory: Factory) -> None:
 
 @pytest.mark.anyio
 async def test_async_pool_exhausted_and_cancelled_waits(factory: Factory) -> None:
-    async with AsyncSandboxPool(async_factory(factory), 1, acquire_timeout=0.2) as pool:
+    async with AsyncSandboxPool(async_factory(factory), 1, acquire_timeout=0.2, reset="destroy") as pool:
         async with pool.acquire() as held:
             with pytest.raises(PoolExhaustedError):
                 async with pool.acquire():

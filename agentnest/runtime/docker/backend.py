@@ -332,8 +332,7 @@ class DockerBackend(RuntimeBackend):
         freeze = handle.info.setdefault("freeze", _Freeze())
         with freeze.lock:
             if freeze.count == 0:
-                with map_docker_errors("pausing the sandbox"):
-                    self.api.pause(cid)
+                self._pause(cid)
             freeze.count += 1
 
     def _release(self, handle: SandboxHandle) -> None:
@@ -344,6 +343,25 @@ class DockerBackend(RuntimeBackend):
             if freeze.count == 0:
                 with map_docker_errors("resuming the sandbox"):
                     self.api.unpause(cid)
+
+    def _pause(self, cid: str) -> None:
+        """``docker pause``, tried again a few times: the freezer gives up on a busy task.
+
+        runc's cgroup-v1 freezer fails ("unable to freeze") when a task does not
+        stop in time, e.g. one in uninterruptible sleep under heavy writeback;
+        measured on this machine right after 100 MiB were written.  A moment later it works.
+        """
+        import docker.errors
+
+        for attempt in range(6):
+            try:
+                self.api.pause(cid)
+                return
+            except docker.errors.APIError as exc:
+                if "unable to freeze" not in _explain(exc) or attempt == 5:
+                    with map_docker_errors("pausing the sandbox"):
+                        raise
+                time.sleep(0.02 * 2**attempt)  # backoff between retries: 20 ms to 320 ms
 
     @contextlib.contextmanager
     def frozen_workspace(self, handle: SandboxHandle) -> Iterator[Path]:
