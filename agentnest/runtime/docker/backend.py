@@ -317,7 +317,8 @@ class DockerBackend(RuntimeBackend):
         freeze = handle.info.setdefault("freeze", _Freeze())
         with freeze.user_lock:
             if not freeze.user:
-                self._hold(handle)
+                # Through the engine: `docker ps` and inspect then say "paused".
+                self._hold(handle, fast=False)
                 freeze.user = True
 
     def resume(self, handle: SandboxHandle) -> None:
@@ -327,12 +328,12 @@ class DockerBackend(RuntimeBackend):
                 self._release(handle)
                 freeze.user = False
 
-    def _hold(self, handle: SandboxHandle) -> None:
+    def _hold(self, handle: SandboxHandle, *, fast: bool = True) -> None:
         cid = handle.info["container"]
         freeze = handle.info.setdefault("freeze", _Freeze())
         with freeze.lock:
             if freeze.count == 0:
-                self._pause(cid)
+                freeze.how = self._pause(cid, fast=fast)
             freeze.count += 1
 
     def _release(self, handle: SandboxHandle) -> None:
@@ -341,27 +342,39 @@ class DockerBackend(RuntimeBackend):
         with freeze.lock:
             freeze.count -= 1
             if freeze.count == 0:
-                with map_docker_errors("resuming the sandbox"):
-                    self.api.unpause(cid)
+                self._unpause(cid, freeze.how)
 
-    def _pause(self, cid: str) -> None:
-        """``docker pause``, tried again a few times: the freezer gives up on a busy task.
+    def _pause(self, cid: str, *, fast: bool = True) -> str:
+        """Freeze the container; return how (``"cgroup"`` or ``"docker"``), for :meth:`_unpause`.
 
-        runc's cgroup-v1 freezer fails ("unable to freeze") when a task does not
-        stop in time, e.g. one in uninterruptible sleep under heavy writeback;
-        measured on this machine right after 100 MiB were written.  A moment later it works.
+        On this host, the container's freezer cgroup directly: the same freezer
+        ``docker pause`` uses on runc, without two engine round trips (~2 ms
+        instead of 40-150 ms measured here; a fork or snapshot holds it for
+        milliseconds).  Else ``docker pause``, tried again a few times: runc's
+        cgroup-v1 freezer gives up ("unable to freeze") when a task does not stop
+        in time, e.g. one in uninterruptible sleep under heavy writeback
+        (measured here right after 100 MiB were written); a moment later it works.
         """
         import docker.errors
 
+        if fast and _cgroup_freeze(cid, True):
+            return "cgroup"
         for attempt in range(6):
             try:
                 self.api.pause(cid)
-                return
+                return "docker"
             except docker.errors.APIError as exc:
                 if "unable to freeze" not in _explain(exc) or attempt == 5:
                     with map_docker_errors("pausing the sandbox"):
                         raise
                 time.sleep(0.02 * 2**attempt)  # backoff between retries: 20 ms to 320 ms
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _unpause(self, cid: str, how: str) -> None:
+        if how == "cgroup" and _cgroup_freeze(cid, False):
+            return
+        with map_docker_errors("resuming the sandbox"):
+            self.api.unpause(cid)
 
     @contextlib.contextmanager
     def frozen_workspace(self, handle: SandboxHandle) -> Iterator[Path]:
@@ -808,6 +821,54 @@ class DockerBackend(RuntimeBackend):
             raise ImageNotFoundError(_missing_image_hint(image)) from None
 
 
+#: Where a container's freezer lives: cgroup v1 (cgroupfs driver), v2 cgroupfs, v2 systemd.
+_FREEZERS = (
+    ("/sys/fs/cgroup/freezer/docker/{}/freezer.state", "FROZEN", "THAWED"),
+    ("/sys/fs/cgroup/docker/{}/cgroup.freeze", "1", "0"),
+    ("/sys/fs/cgroup/system.slice/docker-{}.scope/cgroup.freeze", "1", "0"),
+)
+
+
+def _cgroup_freeze(cid: str, on: bool) -> bool:
+    """Freeze (or thaw) container ``cid`` through its freezer cgroup; False where there is none.
+
+    Freezing waits until the kernel reports every task frozen (bounded: 2 s);
+    one that will not freeze is thawed again and False returned, so the caller
+    falls back to ``docker pause``.
+    """
+    if not all(c in "0123456789abcdef" for c in cid) or len(cid) != 64:
+        return False
+    for template, frozen, thawed in _FREEZERS:
+        path = template.format(cid)
+        if not os.path.exists(path):
+            continue
+        try:
+            with open(path, "w", encoding="ascii") as f:
+                f.write(frozen if on else thawed)
+            if not on:
+                return True
+            until = time.monotonic() + 2.0
+            while time.monotonic() < until:
+                if _is_frozen(path):
+                    return True
+                time.sleep(0.001)  # the kernel's freezing is asynchronous: poll its state
+            with open(path, "w", encoding="ascii") as f:
+                f.write(thawed)
+        except OSError:
+            return False
+        return False
+    return False
+
+
+def _is_frozen(path: str) -> bool:
+    if path.endswith("freezer.state"):
+        with open(path, encoding="ascii") as f:
+            return f.read().strip() == "FROZEN"
+    events = path.rsplit("/", 1)[0] + "/cgroup.events"
+    with open(events, encoding="ascii") as f:
+        return "frozen 1" in f.read()
+
+
 class _Freeze:
     """How many holders want a sandbox frozen right now (see ``DockerBackend.frozen``)."""
 
@@ -818,6 +879,7 @@ class _Freeze:
         # pause against resume (taken before ``lock``, never the other way).
         self.user = False
         self.user_lock = threading.Lock()
+        self.how = "docker"  # how the current freeze was made: thawed the same way
 
 
 class _Background:
