@@ -99,6 +99,11 @@ class Agent:
         signal.set_wakeup_fd(self._wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        # SIGUSR2: "look at your stdin again".  After a gVisor checkpoint
+        # restore the host file behind fd 0 is a new one and the selector's
+        # old registration never fires (checked with runsc 20221219): the host
+        # sends this signal after the reconnect frame (see _drain_wake).
+        signal.signal(signal.SIGUSR2, lambda *_: None)
         os.set_blocking(self.rfd, False)
         self.sel.register(self.rfd, selectors.EVENT_READ, "host")
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
@@ -180,11 +185,21 @@ class Agent:
         return best
 
     def _drain_wake(self) -> None:
+        got = b""
         try:
-            while os.read(self._wake_r, 4096):
-                pass
+            while True:
+                chunk = os.read(self._wake_r, 4096)
+                if not chunk:
+                    break
+                got += chunk[:64]
         except (BlockingIOError, InterruptedError):
             pass
+        if bytes([signal.SIGUSR2]) in got:
+            # Register fd 0 anew (the registration binds the host file it had),
+            # and read what may already wait there.
+            self.sel.unregister(self.rfd)
+            self.sel.register(self.rfd, selectors.EVENT_READ, "host")
+            self._read_host()
 
     def _read_host(self) -> None:
         try:

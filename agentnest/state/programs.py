@@ -12,6 +12,7 @@ extractor under flow control.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import selectors
@@ -56,6 +57,7 @@ ACK_EVERY = 1 * MiB
 #: twice as long, because the agent re-slices a frame's unwritten remainder
 #: after every partial write into the command's pipe.
 _PIECE = 256 * 1024 - 4
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 #: Marker of the programs' structured stderr lines.
 _MARK = "agentnest-state: "
 _ERR_MAX = 64 * 1024
@@ -269,6 +271,12 @@ class _LocalProgram(_Program):
         except OSError as exc:
             raise _refuse(None, "failed", f"cannot start {program} on the host: {exc}") from None
         assert self.proc.stdout is not None and self.proc.stderr is not None
+        for pipe in (self.proc.stdout, self.proc.stdin):
+            if pipe is not None:
+                # 1 MiB pipes instead of 64 KiB: 16 times fewer reads and wake-ups
+                # for a 100 MiB tar (F_SETPIPE_SZ; the default maximum is 1 MiB).
+                with contextlib.suppress(OSError):
+                    fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, MiB)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.proc.stdout, selectors.EVENT_READ, 1)
         self._sel.register(self.proc.stderr, selectors.EVENT_READ, 2)
