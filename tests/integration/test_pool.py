@@ -112,7 +112,7 @@ print(json.dumps(seen))
 
 def test_clean_reset_leaves_nothing_of_the_previous_use(backend_name: str) -> None:
     """A use tries to leave behind every kind of state; the next use of the same sandbox sees none."""
-    with SandboxPool(factory_for(backend_name), size=1, max_uses=3) as pool:  # the default reset
+    with SandboxPool(factory_for(backend_name), size=1, max_uses=2) as pool:  # the default reset
         with pool.acquire() as sandbox:
             first = sandbox.id
             sandbox.python_session(name="main").run("x = 41").check()
@@ -142,6 +142,8 @@ def test_clean_reset_leaves_nothing_of_the_previous_use(backend_name: str) -> No
                 assert shm_before == "1"
                 assert sandbox.exec_shell("ipcs -m | grep -c 0x || true").stdout.strip() == "0"
             assert sandbox.exec_shell("echo works > f; cat f").stdout == "works\n"
+        with pool.acquire() as sandbox:
+            assert sandbox.id != first  # max_uses=2 retired it
 
 
 def test_drained_pool_waits_then_raises_and_serves_the_next_release(backend_name: str) -> None:

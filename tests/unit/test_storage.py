@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,11 +102,12 @@ def test_an_unknown_workspace_kind_is_refused_naming_the_kinds(kind: str) -> Non
 
 
 def test_refusals_are_in_the_exception_tree() -> None:
-    for call in (
+    calls: list[Callable[[], object]] = [
         lambda: workspace_medium("disk", None, None, NONE),
         lambda: workspace_medium("memory", "1g", None, HAS),
         lambda: workspace_medium("nvme", None, None, HAS),
-    ):
+    ]
+    for call in calls:
         with pytest.raises(AgentNestError):
             call()
 
@@ -339,12 +342,12 @@ def _fake_mountinfo(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
 
 
 def _as_root_with_btrfs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(storage.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(storage.shutil, "which", lambda name, *a, **k: f"/usr/sbin/{name}")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: f"/usr/sbin/{name}")
 
 
 def test_probe_without_root_says_root_is_needed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(storage.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     status = storage.probe(str(tmp_path))
     assert not status.ready and status.root == str(tmp_path)
     assert "need root" in status.detail
@@ -352,9 +355,9 @@ def test_probe_without_root_says_root_is_needed(tmp_path: Path, monkeypatch: pyt
 
 
 def test_probe_without_btrfs_progs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(storage.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(storage.shutil, "which", lambda name, *a, **k: None)
-    monkeypatch.setattr(storage.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
     status = storage.probe(str(tmp_path))
     assert not status.ready and status.detail == "btrfs-progs is not installed"
 
@@ -410,7 +413,7 @@ def test_probe_of_a_ready_pool_reports_its_space(tmp_path: Path, monkeypatch: py
 
 
 def test_setup_without_root_is_refused_naming_sudo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(storage.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(AgentNestError) as info:
         storage.setup(str(tmp_path / "pool"))
     assert "sudo agentnest setup" in str(info.value)
