@@ -15,14 +15,21 @@ Rules (the same for both faces; the async one drives the same core):
 * **Health-checked on acquire.**  A sandbox that was destroyed, is close to
   its deadline, or whose agent does not answer a ping (``health_check``) is
   destroyed and replaced, and the acquire goes on with another one.
-* **Reset after use.**  ``reset="destroy"`` (the default) destroys every
-  sandbox after one use and creates a fresh one: nothing one user did can
-  reach the next.  ``reset="clean"`` kills every process the code started and
-  empties the workspace and ``/tmp``, then lends the same sandbox again, up
-  to ``max_uses`` times: much cheaper, but a reuse of the same container
-  (the image, and the root filesystem if it was made writable, keep
-  whatever was changed there), so use it only between users who trust each
-  other.
+* **Reset after use, in the background.**  Leaving ``with pool.acquire()``
+  returns at once; the reset runs in the pool's threads and only a sandbox
+  whose reset has finished is lent again, so an acquire never waits for a
+  reset unless every sandbox is in use or being reset.
+  ``reset="clean"`` (the default) kills every process of the use (background
+  jobs, ``nohup``, double-forked daemons, Python sessions and the sockets they
+  held), closes the agent's sessions, empties the workspace, ``/tmp`` (which
+  is ``$HOME``), ``/dev/shm`` and ``/dev/mqueue``, removes SysV IPC objects
+  (runc) and forgets the egress log, then lends the same sandbox again, up to
+  ``max_uses`` times.  With the default read-only root that is every place a
+  use can write, so the next use starts as a fresh sandbox would; a sandbox
+  with a writable root is destroyed after its use instead.  Still the same
+  container: its engine identity, deadline and ``add_secret`` redactions stay.
+  ``reset="destroy"`` destroys every sandbox after one use and creates a fresh
+  one: nothing, not even the container, is shared; use it between tenants.
 * **Waiting.**  When every slot is in use, ``acquire`` waits up to
   ``acquire_timeout`` seconds, then raises :class:`PoolExhaustedError`.
 * **A failing factory** does not break the pool: its exception reaches a
@@ -77,8 +84,8 @@ FRESH_RESET = 0.5
 #: 1. It refuses to run anywhere but in a sandbox: the first two lines of
 #:    PID 1's command line (NULs dropped by the shell) must be those of
 #:    AgentNest's keeper (``python3 -S -c "import os, sys`` ..., from
-#:    runtime/bootstrap.py; if
-#:    that ever changes, every clean fails and the pool destroys instead: safe).
+#:    runtime/bootstrap.py; if that ever changes, every clean fails and the
+#:    pool destroys instead: safe).
 #:    On a host, "kill every process but my parent" would be a disaster.
 #: 2. It SIGKILLs every process except PID 1, its parent (the agent) and
 #:    itself, again and again until ``/proc`` lists no other (a zombie stays
@@ -91,11 +98,13 @@ FRESH_RESET = 0.5
 #:    dotfiles and locked directories included, restoring the modes of the
 #:    first two when they no longer let the sandbox's user in (or ``/tmp``
 #:    lost its sticky bit), and removes SysV IPC objects where the kernel
-#:    lists them (``/proc/sysvipc``; gVisor does not).
+#:    lists them (``/proc/sysvipc``; gVisor does not): ``ipcrm -a`` always,
+#:    one program is cheaper than the shell reading those files byte by byte.
 #:
-#: It prints ``clean`` only if everything is gone; anything else (a process
-#: that outlives SIGKILL, an entry it cannot remove) exits non-zero and the
-#: pool destroys the sandbox instead of lending it again.
+#: It prints ``killed`` if it had processes to kill, then ``clean`` only if
+#: everything is gone; anything else (a process that outlives SIGKILL, an
+#: entry it cannot remove) exits non-zero and the pool destroys the sandbox
+#: instead of lending it again.
 CLEAN_SCRIPT = r"""
 W=$1
 argv= code=
@@ -118,9 +127,11 @@ while :; do
   if [ "$rounds" -gt 100000 ]; then echo "processes survived SIGKILL"; exit 1; fi
   kill -9 $left 2>/dev/null
 done
+[ "$rounds" -gt 0 ] && echo killed
 dirty() {
   [ -r "$1" ] && [ -w "$1" ] && [ -x "$1" ] || return 0
-  for e in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+  for e in "$1"/.* "$1"/*; do
+    case ${e##*/} in .|..) continue ;; esac
     if [ -e "$e" ] || [ -L "$e" ]; then return 0; fi
   done
   return 1
@@ -138,12 +149,8 @@ wipe "$W"
 wipe /tmp
 wipe /dev/shm
 wipe /dev/mqueue
-if [ -d /proc/sysvipc ]; then
-  for f in /proc/sysvipc/shm /proc/sysvipc/sem /proc/sysvipc/msg; do
-    n=0
-    { while read -r l; do n=$((n + 1)); done < "$f"; } 2>/dev/null
-    if [ "$n" -gt 1 ]; then ipcrm -a 2>/dev/null; break; fi
-  done
+if [ -d /proc/sysvipc ] && ! ipcrm -a >/dev/null 2>&1; then
+  # No ipcrm, or one without -a (busybox): fail only if objects are left.
   for f in /proc/sysvipc/shm /proc/sysvipc/sem /proc/sysvipc/msg; do
     n=0
     { while read -r l; do n=$((n + 1)); done < "$f"; } 2>/dev/null
@@ -177,18 +184,28 @@ def _clean(sandbox: Sandbox) -> bool:
     result = sandbox.exec(
         ["/bin/sh", "-c", CLEAN_SCRIPT, "agentnest-clean", sandbox.config.workdir], timeout=CLEAN_TIMEOUT
     )
-    if result.exit_code != 0 or result.stdout != "clean\n":
+    if result.exit_code != 0 or result.stdout not in ("clean\n", "killed\nclean\n"):
         return False
     # Python sessions: their interpreters died with every other process; the
     # agent unlists a session when it notices, so close what it still lists
     # (named ones too: the next use's python_session(name=...) starts afresh).
+    # A session is a process (its interpreter, or a zombie until the agent
+    # reaps it and unlists the session): when the script killed nothing,
+    # there is none to close, and the round trip is spared.
     ch = sandbox._ch()
     caps = ch.hello.capabilities if ch.hello is not None else frozenset()
-    if "session-names" in caps:
+    if "session-names" in caps and result.stdout.startswith("killed"):
         listed = ch.list_sessions(deadline)
         for info in listed:
             ch.session_call({"t": "session.close", "session": info.session}, deadline)
         if listed and ch.list_sessions(deadline):  # the agent unlists a closed session at once
+            return False
+    if sandbox.config.secret_files:
+        # Secret(..., as_file=True) values live in /tmp, which the script emptied:
+        # write them again, as the sandbox had them when it was created.
+        try:
+            sandbox._write_secret_files(sandbox.config.secret_files)
+        except Exception:
             return False
     _forget_network_log(sandbox)
     return True
@@ -246,7 +263,7 @@ class SandboxPool:
 
     Example::
 
-        pool = SandboxPool(lambda: Sandbox(timeout=3600), size=8, reset="clean")
+        pool = SandboxPool(lambda: Sandbox(timeout=3600), size=8)
         pool.start()                          # warm up in the background
         with pool.acquire() as sandbox:       # waits up to acquire_timeout
             print(sandbox.exec_shell("echo hi").stdout)
@@ -258,10 +275,12 @@ class SandboxPool:
         size: the most sandboxes alive at once (warm, lent out, being
             created or destroyed).
         max_uses: with ``reset="clean"``, how many times one sandbox is lent
-            before it is replaced.
+            before it is replaced (defence in depth, and a bound on what the
+            agent's process accumulates).
         acquire_timeout: seconds :meth:`acquire` waits for a free sandbox.
-        reset: ``"destroy"`` a sandbox after each use, or ``"clean"`` it
-            (kill its processes, empty its workspace and ``/tmp``) and reuse it.
+        reset: ``"clean"`` a sandbox after each use (kill its processes,
+            close its sessions, empty its workspace, ``/tmp``, ``/dev/shm``)
+            and reuse it, or ``"destroy"`` it and create a fresh one.
         health_check: ping a sandbox's agent before lending it out.
 
     Raises:

@@ -16,8 +16,10 @@ from agentnest import (
     PoolFactoryError,
     Sandbox,
     SandboxPool,
+    Secret,
     SecurityPolicy,
 )
+from agentnest.pool import CLEAN_SCRIPT
 from agentnest.testing.wait import wait_until
 
 from .helpers import Background, container_of, containers_of, owned_containers, processes
@@ -91,6 +93,7 @@ echo seg > /dev/shm/segment
 echo 'export LEFT_BEHIND=1' > "$HOME/.profile" && echo 'export LEFT_BEHIND=1' > "$HOME/.bashrc"
 chmod 700 /tmp
 ipcmk -M 4096 >/dev/null
+python3 -c 'import ctypes, os; ctypes.CDLL("librt.so.1").mq_open(b"/left", os.O_CREAT|os.O_RDWR, 0o600, None)'
 until python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8765), 1)' 2>/dev/null; do :; done
 """
 
@@ -98,7 +101,9 @@ until python3 -c 'import socket; socket.create_connection(("127.0.0.1", 8765), 1
 #: gVisor release here, whose statx lacks a flag they pass).
 LOOK = r"""
 import json, os, socket, stat, subprocess
-seen = {d: sorted(os.listdir(d)) for d in ("/workspace", "/tmp", "/dev/shm") if os.path.isdir(d)}
+seen = {
+    d: sorted(os.listdir(d)) for d in ("/workspace", "/tmp", "/dev/shm", "/dev/mqueue") if os.path.isdir(d)
+}
 seen["tmp_mode"] = oct(stat.S_IMODE(os.stat("/tmp").st_mode))
 seen["env"] = subprocess.run(["sh", "-lc", "echo ${LEFT_BEHIND-}"], capture_output=True, text=True).stdout
 try:
@@ -128,6 +133,8 @@ def test_clean_reset_leaves_nothing_of_the_previous_use(backend_name: str) -> No
             assert ".cache" in before["/tmp"] and "scratch" in before["/tmp"], before
             assert before["tmp_mode"] == "0o700" and before["env"] == "1\n", before
             assert before.get("/dev/shm", ["segment"]) == ["segment"], before
+            if backend_name == "docker":  # gVisor mounts neither /dev/shm nor /dev/mqueue here
+                assert before["/dev/shm"] == ["segment"] and before["/dev/mqueue"] == ["left"], before
         with pool.acquire() as sandbox:
             assert sandbox.id == first  # reused, not recreated
             # Only the keeper (PID 1) and the agent: every process of the use is gone.
@@ -136,7 +143,8 @@ def test_clean_reset_leaves_nothing_of_the_previous_use(backend_name: str) -> No
             assert sandbox.python_session(name="main").run("'x' in globals()").result == "False"
             assert sandbox.list_files(".") == []
             seen = sandbox.exec_json(LOOK, timeout=30)
-            empty = {d: [] for d in ("/workspace", "/tmp", "/dev/shm") if d in seen}
+            dirs = ("/workspace", "/tmp", "/dev/shm", "/dev/mqueue")
+            empty: dict[str, list[str]] = {d: [] for d in dirs if d in seen}
             assert seen == {**empty, "tmp_mode": "0o1777", "env": "\n", "listening": False}, seen
             if backend_name == "docker":  # gVisor keeps SysV IPC in its own kernel, unlisted: docs
                 assert shm_before == "1"
@@ -144,6 +152,37 @@ def test_clean_reset_leaves_nothing_of_the_previous_use(backend_name: str) -> No
             assert sandbox.exec_shell("echo works > f; cat f").stdout == "works\n"
         with pool.acquire() as sandbox:
             assert sandbox.id != first  # max_uses=2 retired it
+
+
+def test_clean_script_without_a_working_ipcrm_refuses_only_when_ipc_objects_are_left(
+    backend_name: str,
+) -> None:
+    """Busybox images: no ``ipcrm -a``; the script then reads /proc/sysvipc itself."""
+    script = CLEAN_SCRIPT.replace("W=$1\n", "W=$1\nipcrm() { return 1; }\n", 1)
+    assert script != CLEAN_SCRIPT
+    argv = ["/bin/sh", "-c", script, "agentnest-clean", "/workspace"]
+    with Sandbox(backend=backend_name, timeout=120) as sandbox:
+        assert sandbox.exec(argv).stdout == "clean\n"
+        assert sandbox.exec_shell("ipcmk -M 4096").ok
+        expected = "SysV IPC objects remain\n" if backend_name == "docker" else "clean\n"  # gVisor: unlisted
+        assert sandbox.exec(argv).stdout == expected
+
+
+def test_secret_files_are_back_after_the_clean_reset(backend_name: str) -> None:
+    """They live in /tmp, which the reset empties: the sandbox gets them again, as created."""
+
+    def factory() -> Sandbox:
+        return Sandbox(
+            backend=backend_name, timeout=300, environment={"TOKEN": Secret("s3cr3t", as_file=True)}
+        )
+
+    with SandboxPool(factory, size=1) as pool:
+        for _ in range(2):
+            with pool.acquire(WAIT) as sandbox:
+                # The file holds the 6 bytes (the output itself would be redacted); the use
+                # deletes it, the reset must bring it back.
+                assert sandbox.exec_shell('wc -c < "$TOKEN_FILE"; rm -f "$TOKEN_FILE"').stdout == "6\n"
+        assert pool.stats.created == 1
 
 
 def test_drained_pool_waits_then_raises_and_serves_the_next_release(backend_name: str) -> None:
@@ -174,7 +213,7 @@ def test_release_returns_before_the_reset_and_the_pool_refills_in_the_background
     backend_name: str,
 ) -> None:
     for reset in ("clean", "destroy"):
-        with SandboxPool(factory_for(backend_name), size=2, reset=reset) as pool:  # type: ignore[arg-type]
+        with SandboxPool(factory_for(backend_name), size=2, reset=reset) as pool:
             pool.start(wait=True)
             with pool.acquire() as sandbox:
                 sandbox.write_file("f", "x")
@@ -182,7 +221,7 @@ def test_release_returns_before_the_reset_and_the_pool_refills_in_the_background
             # being reset (or destroyed and replaced) in the pool's threads.
             stats = pool.stats
             assert (stats.in_use, stats.idle) == (0, 1), (reset, stats)
-            wait_until(lambda: pool.stats.idle == 2, f"the background {reset}")  # noqa: B023
+            wait_until(lambda: pool.stats.idle == 2, f"the background {reset}")
             expected = (2, 0) if reset == "clean" else (3, 1)
             assert (pool.stats.created, pool.stats.destroyed) == expected
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import random
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +50,7 @@ class FakeSandbox:
         self.deadline = time.time() + lifetime
         self.destroyed = False
         self.destroy_calls = 0
-        self.config = SimpleNamespace(workdir="/workspace", read_only_root=True)
+        self.config = SimpleNamespace(workdir="/workspace", read_only_root=True, secret_files={})
         self.handle = SimpleNamespace(info={})
         self.healthy = True
         self.clean_ok = True
@@ -96,7 +95,8 @@ class FakeSandbox:
         self.clean_gate.wait(WAIT)
         self.cleans += 1
         ok = self.clean_ok
-        return SimpleNamespace(exit_code=0 if ok else 1, stdout="clean\n" if ok else "")
+        killed = "killed\n" if self.sessions_left else ""  # a session is a process the script kills
+        return SimpleNamespace(exit_code=0 if ok else 1, stdout=killed + "clean\n" if ok else "")
 
 
 class Factory:
@@ -592,7 +592,9 @@ def test_clean_script_goes_on_under_the_keeper(tmp_path: Path) -> None:
     from agentnest.runtime.bootstrap import BOOTSTRAP
 
     cmdline = tmp_path / "cmdline"
-    cmdline.write_bytes(b"\0".join([b"python3", b"-S", b"-c", BOOTSTRAP.encode(), b"keeper", b"300.000", b""]))
+    cmdline.write_bytes(
+        b"\0".join([b"python3", b"-S", b"-c", BOOTSTRAP.encode(), b"keeper", b"300.000", b""])
+    )
     assert CLEAN_SCRIPT.count("/proc/1/cmdline") == 1
     proc = run_clean_script(CLEAN_SCRIPT.replace("/proc/1/cmdline", str(cmdline)))
     assert proc.returncode == 99, proc.stdout + proc.stderr
