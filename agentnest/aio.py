@@ -689,9 +689,9 @@ class AsyncSandbox:
 
     # -- state -----------------------------------------------------------------
 
-    async def fork(self, *, timeout: float | None = None) -> AsyncSandbox:
+    async def fork(self, *, timeout: float | None = None, live: bool | None = None) -> AsyncSandbox:
         """See :meth:`Sandbox.fork`.  A child whose fork is cancelled is destroyed."""
-        return await _provision(functools.partial(self._sandbox.fork, timeout=timeout))
+        return await _provision(functools.partial(self._sandbox.fork, timeout=timeout, live=live))
 
     async def snapshot(
         self, destination: str | os.PathLike[str], *, compress: bool = False

@@ -38,6 +38,7 @@ from .errors import (
     FileTooLargeError,
     SandboxDestroyedError,
     SandboxPausedError,
+    SnapshotError,
     UnsupportedCapabilityError,
     VerificationError,
 )
@@ -312,7 +313,13 @@ class Sandbox:
 
     def _connect(self) -> Channel:
         stream = self._backend.open_channel(self._handle)
+        # A live fork's child: its agent is a restored copy of the parent's,
+        # which takes a reconnect frame, not the bundle (see state.forks).
+        ids = self._handle.info.pop("reconnect_ids", None)
         try:
+            if isinstance(ids, int):
+                self._channel = Channel.connect(stream, None, timeout=60.0, after=ids)
+                return self._channel
             self._channel = Channel.connect(stream, bootstrap.bundle(), timeout=60.0)
         except ChannelError as exc:
             raise ChannelError(f"{exc}. Does the image {self.config.image!r} have python3?") from None
@@ -971,7 +978,7 @@ class Sandbox:
 
     # -- state: fork, snapshot, restore, artifacts (logic in state.py) ----------
 
-    def fork(self, *, timeout: float | None = None) -> Sandbox:
+    def fork(self, *, timeout: float | None = None, live: bool | None = None) -> Sandbox:
         """Branch this sandbox into an independent copy of its workspace.
 
         The child has the same image, limits, environment, policy, observers,
@@ -981,20 +988,30 @@ class Sandbox:
         the child's extractor through the host (no temporary file); sparse
         files stay sparse.  Afterwards neither sees the other's writes.
 
-        Running processes and Python sessions are not copied: a session in
-        the child starts empty.  Only the workspace is copied, not ``/tmp``
-        or changes to a writable root filesystem.  docs/state.md explains why.
+        With ``live`` (the default where the backend has
+        ``Capability.LIVE_FORK``: gVisor on an experimental local engine, for
+        a network-denied sandbox with a disk workspace), the child also gets
+        the parent's running processes, memory and ``/tmp``: its Python
+        sessions hold the parent's variables (``python_session(name=...)``
+        finds them) and its commands keep running, in both.  The parent is
+        stopped (checkpointed) for the copy and restored.  ``live=False``
+        copies the files only: running processes and Python sessions are not
+        copied, a session in the child starts empty, and only the workspace
+        is copied, not ``/tmp`` or changes to a writable root filesystem.
+        docs/state.md explains why.
 
         Raises:
             SandboxDestroyedError: this sandbox was destroyed.
-            UnsupportedCapabilityError: the backend cannot fork.
+            UnsupportedCapabilityError: the backend cannot fork, or ``live=True``
+                where it cannot (runc; a network that is not denied): the message names ``live=False``.
+            SandboxPausedError: the sandbox is paused.
             PolicyDeniedError: the approval hook refused ``fork``.
             SnapshotError: the workspace holds what cannot be copied safely
                 (e.g. a symlink pointing outside it); ``.member`` names it.
 
         .. versionadded:: 0.4.0
         """
-        return _state.fork(self, timeout=timeout)
+        return _state.fork(self, timeout=timeout, live=live)
 
     def snapshot(self, destination: str | os.PathLike[str], *, compress: bool = False) -> SnapshotMetadata:
         """Save the workspace to ``destination`` on the host as a tar with metadata.
@@ -1164,14 +1181,18 @@ class Sandbox:
             channel = self._channel
             if channel is not None:
                 channel.hold(True)
+                if channel.hello is not None:
+                    # For a checkpoint's resume: the restored agent is woken by its pid.
+                    self._handle.info["agent_pid"] = channel.hello.pid
             try:
-                self._backend.pause(self._handle)
+                how = self._backend.pause(self._handle)
             except BaseException:
                 if channel is not None:
                     channel.hold(False)
                 raise
             self._paused = True
-        self._guard.emit(EventType.SANDBOX_PAUSED, {"seconds": round(time.monotonic() - started, 4)})
+        seconds = round(time.monotonic() - started, 4)
+        self._guard.emit(EventType.SANDBOX_PAUSED, {"seconds": seconds, "how": how})
 
     def resume(self) -> None:
         """Continue a sandbox stopped by :meth:`pause`.  Idempotent (a running sandbox stays so).
@@ -1187,12 +1208,37 @@ class Sandbox:
             if not self._paused:
                 return
             started = time.monotonic()
-            self._backend.resume(self._handle)
+            reconnect = self._backend.resume(self._handle)
             self._paused = False
             channel = self._channel
             if channel is not None:
                 channel.hold(False)
-        self._guard.emit(EventType.SANDBOX_RESUMED, {"seconds": round(time.monotonic() - started, 4)})
+            if reconnect:
+                # Restored from a checkpoint: the same agent (and its sessions)
+                # on a new stream.  If it does not answer, the next call starts
+                # a new agent (sessions lost), as after any lost agent.
+                old = channel
+                self._channel = None
+                if old is not None:
+                    old.close("the sandbox was checkpointed")
+                stream = self._backend.open_channel(self._handle)
+                try:
+                    self._channel = Channel.connect(stream, None, timeout=30.0, after=old)
+                except ChannelError as exc:
+                    stream.close()
+                    if not self._backend.is_running(self._handle):
+                        # runsc accepted the start, then failed to restore.
+                        reason = self._backend.exit_reason(self._handle) or "it stopped"
+                        raise SnapshotError(
+                            f"sandbox {self.id} could not be restored from its checkpoint ({reason}: "
+                            "corrupt, truncated, or written by another gVisor version?); its processes "
+                            "are lost, its workspace stays until destroy()",
+                            rule="checkpoint",
+                        ) from exc
+        self._guard.emit(
+            EventType.SANDBOX_RESUMED,
+            {"seconds": round(time.monotonic() - started, 4), "reconnected": reconnect},
+        )
 
     def logs(self, tail: int = 200) -> str:
         """The container's own log (the keeper and agent diagnostics), redacted."""

@@ -39,6 +39,10 @@ for name, spec in want.items():
     if runtimes.get(name) != spec:
         runtimes[name] = spec
         changed = True
+# Docker's checkpoint API (gVisor pause to disk, live fork) is experimental in 20.10.
+if cfg.get("experimental") is not True:
+    cfg["experimental"] = True
+    changed = True
 if changed:
     os.makedirs("/etc/docker", exist_ok=True)
     with open(path, "w") as f:
@@ -79,5 +83,28 @@ else
   done
 fi
 docker info >/dev/null 2>&1 || { echo "engine: dockerd did not come up; see /var/log/agentnest-dockerd.log" >&2; exit 1; }
+
+# "experimental" is not reloaded by SIGHUP (moby/moby#36632): it takes a restart,
+# which stops every container.  Restart only an engine with none running.
+if [[ "$(docker info --format '{{.ExperimentalBuild}}')" != "true" ]]; then
+  if [[ -z "$(docker ps -q)" ]]; then
+    echo "engine: restarting dockerd for experimental mode (checkpoints)"
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
+      systemctl restart docker
+    else
+      pid=$(pidof dockerd)
+      kill -TERM "$pid"
+      for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      setsid dockerd >/var/log/agentnest-dockerd.log 2>&1 < /dev/null &
+    fi
+    for _ in $(seq 1 60); do
+      docker info >/dev/null 2>&1 && break
+      sleep 0.5
+    done
+  else
+    echo "engine: restart dockerd to enable experimental mode (gVisor pause to disk, live fork);" \
+      "not restarting it now: containers are running" >&2
+  fi
+fi
 runtimes_registered || { echo "engine: runsc is not registered with Docker (see /etc/docker/daemon.json)" >&2; exit 1; }
 echo "engine: ready ($(docker info --format '{{.ServerVersion}}'), runtimes: $(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}'))"

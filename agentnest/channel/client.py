@@ -88,7 +88,12 @@ class Channel:
 
     @classmethod
     def connect(
-        cls, stream: ByteStream, bundle: bytes | None, timeout: float = 30.0, *, after: Channel | None = None
+        cls,
+        stream: ByteStream,
+        bundle: bytes | None,
+        timeout: float = 30.0,
+        *,
+        after: Channel | int | None = None,
     ) -> Channel:
         """Send the agent bundle (if the far end waits for one) and await hello.
 
@@ -97,9 +102,11 @@ class Channel:
         ``reconnect`` frame instead of the bundle and answers with a fresh
         hello.  Request ids continue after ``after``'s, so the frames the
         agent still sends for the old side's requests match nothing here
-        and are dropped.
+        and are dropped.  An int ``after`` is that first id itself (a live
+        fork's child: its agent is a copy of the parent's).
         """
-        ch = cls(stream, first_id=1 if after is None else after.next_id())
+        first = 1 if after is None else after if isinstance(after, int) else after.next_id()
+        ch = cls(stream, first_id=max(1, first))
         waiter = ch._register(_HELLO)
         ch._reader = threading.Thread(target=ch._read_loop, name="agentnest-channel", daemon=True)
         ch._reader.start()

@@ -58,6 +58,10 @@ class Capability(str, enum.Enum):
     """Can stop every process of a sandbox and continue them later (``Sandbox.pause``/``resume``).
 
     .. versionadded:: 0.4.0"""
+    LIVE_FORK = "fork.live"
+    """Can fork a running sandbox with its processes (``Sandbox.fork(live=True)``: gVisor checkpoints).
+
+    .. versionadded:: 0.4.0"""
     DISK_WORKSPACE = "workspace.disk"
     """Can give a sandbox a disk-backed, kernel-bounded, copy-on-write workspace
     (``workspace="disk"``: the storage pool, :mod:`agentnest.runtime.storage`).
@@ -193,11 +197,13 @@ class RuntimeBackend(ABC):
         """
         raise UnsupportedCapabilityError(f"the {self.name} backend cannot copy a workspace on the host")
 
-    def pause(self, handle: SandboxHandle) -> None:
+    def pause(self, handle: SandboxHandle) -> str:
         """Stop every process of the sandbox until :meth:`resume` (``Capability.PAUSE``).
 
         Idempotent.  Must cooperate with :meth:`frozen`: a fork's unfreeze
-        does not undo a pause.
+        does not undo a pause.  Returns how: ``"freezer"`` (memory kept) or
+        ``"checkpoint"`` (to disk, memory released; the agent's stream
+        breaks and :meth:`resume` hands out a new one).
 
         Raises:
             UnsupportedCapabilityError: the backend cannot (the default).
@@ -207,13 +213,32 @@ class RuntimeBackend(ABC):
             "or destroy the sandbox and snapshot() it first to keep its files"
         )
 
-    def resume(self, handle: SandboxHandle) -> None:
+    def resume(self, handle: SandboxHandle) -> bool:
         """Continue a sandbox stopped by :meth:`pause`.  Idempotent.
+
+        Returns whether the agent must be reconnected: then :meth:`open_channel`
+        returns a stream to the restored agent, which waits for a
+        ``reconnect`` frame (not the bundle).
+
+        Raises:
+            SnapshotError: a checkpoint could not be restored (the sandbox stays paused).
+            UnsupportedCapabilityError: the backend cannot (the default).
+        """
+        raise UnsupportedCapabilityError(f"the {self.name} backend cannot pause or resume a sandbox")
+
+    def create_live_fork(self, parent: SandboxHandle, config: SandboxConfig) -> SandboxHandle:
+        """Like :meth:`create_fork`, with the parent's processes too (``Capability.LIVE_FORK``).
+
+        The child's agent is the parent's, restored: its stream waits for a
+        ``reconnect`` frame (``info["reconnect_ids"]``), and so does the
+        parent's new one (``info["stream"]`` of the parent).
 
         Raises:
             UnsupportedCapabilityError: the backend cannot (the default).
         """
-        raise UnsupportedCapabilityError(f"the {self.name} backend cannot pause or resume a sandbox")
+        raise UnsupportedCapabilityError(
+            f"the {self.name} backend cannot fork running processes; use fork(live=False)"
+        )
 
     def logs(self, handle: SandboxHandle, tail: int = 200) -> str:
         """The sandbox's own log (bounded), if the backend keeps one."""

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import tarfile
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
+from ..channel.client import Channel
+from ..errors import ChannelError, ConfigurationError, SnapshotError, UnsupportedCapabilityError
 from ..events import EventType
+from ..policy import NetworkMode
 from ..runtime.base import Capability
 from .archive import _Gate
 from .programs import _host_workspace, _read_program, _require, _start_extractor, _start_writer, _writer_args
@@ -27,15 +31,38 @@ PROVISION: ContextVar[Callable[[SandboxConfig], SandboxHandle] | None] = Context
 )
 
 
-def fork(parent: Sandbox, *, timeout: float | None = None) -> Sandbox:
+def fork(parent: Sandbox, *, timeout: float | None = None, live: bool | None = None) -> Sandbox:
     """Branch ``parent`` into a new sandbox.  See :meth:`Sandbox.fork`."""
     parent._ch()  # raises SandboxDestroyedError for a destroyed parent
     _require(parent, Capability.FORK, "fork")
+    if live is not None and not isinstance(live, bool):
+        raise ConfigurationError(f"live={live!r} must be True, False or None (the backend's default)")
     config = parent.config
     guard = parent._guard
     lifetime = config.lifetime if timeout is None else timeout
-    guard.approve("fork", {"image": config.image, "timeout": lifetime})
     limits = config.limits
+    can_live = (
+        Capability.LIVE_FORK in parent.backend.capabilities()
+        and config.network.mode is NetworkMode.DENIED
+        and limits.workspace_medium == "disk"
+    )
+    if live and not can_live:
+        if Capability.LIVE_FORK not in parent.backend.capabilities():
+            why = (
+                f"the {parent.backend.name} backend cannot carry running processes into a fork (runc: "
+                "CRIU fails on this kernel; gVisor needs Docker's experimental mode: `make engine` sets it)"
+            )
+        else:
+            why = "a live fork is only for network-denied sandboxes with a disk workspace for now"
+        raise UnsupportedCapabilityError(f"{why}; use fork(live=False) to copy the files only")
+    guard.approve("fork", {"image": config.image, "timeout": lifetime})
+    if live:
+        return _fork_live(parent, lifetime)
+    if live is None and can_live:
+        try:
+            return _fork_live(parent, lifetime)
+        except UnsupportedCapabilityError:
+            pass  # refused before anything stopped (e.g. restored once already): the files, then
     if limits.workspace_medium == "disk" and _host_workspace(parent) is not None:
         return _fork_on_host(parent, lifetime)
     # The parent's writer starts now and waits for a go: its interpreter
@@ -97,6 +124,55 @@ def _fork_on_host(parent: Sandbox, lifetime: float) -> Sandbox:
     for secret in parent._guard.secrets:
         child._guard.add_secret(secret)  # as the channel path: the files may hold them
     details = {"copy": "snapshot", "skipped": []}
+    parent._guard.emit(EventType.SANDBOX_FORKED, {"child": child.id, **details})
+    child._guard.emit(EventType.SANDBOX_FORKED, {"parent": parent.id, **details})
+    return child
+
+
+def _fork_live(parent: Sandbox, lifetime: float) -> Sandbox:
+    """The child gets the parent's processes too: a gVisor checkpoint restored twice.
+
+    The parent is checkpointed (stopped), its workspace cloned, the child's
+    container started from a copy of the checkpoint and the parent from the
+    checkpoint itself; both agents are the parent's, and both host sides
+    reconnect (a ``reconnect`` frame; request ids continue above the
+    parent's, so frames for the parent's old requests are dropped).  The
+    parent's lock is held throughout: no other thread starts a new agent
+    in it meanwhile.
+    """
+    backend, handle = parent.backend, parent.handle
+    started = time.monotonic()
+    with parent._lock:
+        old = parent._channel
+        if old is None or old.hello is None or not old.alive:
+            raise ChannelError(f"sandbox {parent.id} has no live agent to fork; call any method and retry")
+        handle.info["agent_pid"] = old.hello.pid
+        handle.info["reconnect_ids"] = old.next_id()
+        old.hold(True)
+        token = PROVISION.set(lambda config: backend.create_live_fork(handle, config))
+        try:
+            child = _create_like(parent, lifetime)
+        except (ChannelError, SnapshotError) as exc:
+            # runsc refused the copy, or started it and its agent never
+            # answered: the child could not be restored (and was destroyed).
+            raise SnapshotError(
+                f"the live fork of sandbox {parent.id} could not be restored in the child ({exc}); "
+                "the parent is intact; retry, or use fork(live=False)",
+                rule="checkpoint",
+            ) from exc
+        finally:
+            PROVISION.reset(token)
+            stream = handle.info.pop("stream", None)
+            if stream is not None:
+                # The parent was restored: its agent waits on a new stream.
+                old.close("the sandbox was checkpointed for a live fork")
+                parent._channel = None
+                parent._channel = Channel.connect(stream, None, timeout=60.0, after=old)
+            else:
+                old.hold(False)
+    for secret in parent._guard.secrets:
+        child._guard.add_secret(secret)
+    details = {"copy": "live", "skipped": [], "seconds": round(time.monotonic() - started, 4)}
     parent._guard.emit(EventType.SANDBOX_FORKED, {"child": child.id, **details})
     child._guard.emit(EventType.SANDBOX_FORKED, {"parent": parent.id, **details})
     return child

@@ -26,9 +26,11 @@ from agentnest import ConfigurationError, FileAccessError, Sandbox, SecurityPoli
 from agentnest.runtime import storage
 from agentnest.runtime.docker.prune import SANDBOX_GONE, prune
 from agentnest.runtime.storage import StoragePool
+from agentnest.state import hostfiles
+from agentnest.state.programs import _host_workspace
 from agentnest.testing.wait import wait_until
 
-from .helpers import REPO, SANDBOX_UID, Background, need_storage_pool
+from .helpers import REPO, SANDBOX_UID, Background, need_storage_pool, xfail_on
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -121,19 +123,27 @@ OFFSETS = [0, 1 << 30, (3 << 30) - 5]
 MARKS = {"0": "first", str(1 << 30): "mid01", str((3 << 30) - 5): "last!"}
 
 
+def assert_sparse(sb: Sandbox, pool: StoragePool, backend_name: str) -> None:
+    """``sparse.bin`` is 3 GiB with its marks, and takes almost no blocks on the host."""
+    seen = stat_in(sb, "sparse.bin", OFFSETS)
+    assert seen["size"] == 3 * GiB and seen["at"] == MARKS
+    if backend_name == "docker":
+        assert seen["allocated"] < MiB
+    # gVisor reports st_blocks as the size inside; the host's own count is what costs disk.
+    assert os.stat(pool.path(sb.id) / "sparse.bin").st_blocks * 512 < MiB
+
+
 def test_a_3g_sparse_file_costs_no_host_disk(backend_name: str, pool: StoragePool, tmp_path: Path) -> None:
     slack = 64 * MiB  # metadata, and other sandboxes on the same pool
     with Sandbox(backend=backend_name, workspace="disk", disk="4g", timeout=180) as parent:
         start = host_bytes(pool)
         parent.exec_python(SPARSE, timeout=60).check()
-        made = stat_in(parent, "sparse.bin", OFFSETS)
-        assert made["size"] == 3 * GiB and made["at"] == MARKS and made["allocated"] < MiB
+        assert_sparse(parent, pool, backend_name)
         assert host_bytes(pool) - start < slack
 
         before = host_bytes(pool)
         with parent.fork() as child:
-            seen = stat_in(child, "sparse.bin", OFFSETS)
-            assert seen["size"] == 3 * GiB and seen["at"] == MARKS and seen["allocated"] < MiB
+            assert_sparse(child, pool, backend_name)
             assert host_bytes(pool) - before < slack
 
         target = tmp_path / "sparse.tar"
@@ -145,8 +155,7 @@ def test_a_3g_sparse_file_costs_no_host_disk(backend_name: str, pool: StoragePoo
     with Sandbox(backend=backend_name, workspace="disk", disk="4g", timeout=180) as other:
         before = host_bytes(pool)
         other.restore(target)
-        back = stat_in(other, "sparse.bin", OFFSETS)
-        assert back["size"] == 3 * GiB and back["at"] == MARKS and back["allocated"] < MiB
+        assert_sparse(other, pool, backend_name)
         assert host_bytes(pool) - before < slack
 
 
@@ -158,7 +167,7 @@ import os
 os.makedirs("n", exist_ok=True)
 i = 0
 while not os.path.exists("stop") and i < 200000:
-    body = (str(i) + "\n").encode() * 2000
+    body = (str(i) + "\n").encode() * 200
     with open("n/.tmp", "wb") as f:
         f.write(body)
     os.rename("n/.tmp", "n/%06d" % i)
@@ -166,12 +175,15 @@ while not os.path.exists("stop") and i < 200000:
 print(i)
 """
 
-#: How many numbered files there are, and whether they are 0..n-1, each complete.
+#: How many numbered files there are, whether they are 0..n-1, and each complete (every size
+#: checked; the content of the first and the last ones, those a torn copy would hit, read too).
 CHECK = r"""
 import json, os
 names = sorted(n for n in os.listdir("n") if not n.startswith("."))
 numbers = [int(n) for n in names]
-complete = all(open("n/" + n, "rb").read() == (str(int(n)) + "\n").encode() * 2000 for n in names)
+body = lambda i: (str(i) + "\n").encode() * 200
+complete = all(os.stat("n/" + n).st_size == len(body(int(n))) for n in names)
+complete = complete and all(open("n/" + n, "rb").read() == body(int(n)) for n in names[:5] + names[-50:])
 prefix = numbers == list(range(len(numbers)))
 print(json.dumps({"count": len(numbers), "prefix": prefix, "complete": complete}))
 """
@@ -310,7 +322,7 @@ head -c 5M /dev/zero > bad/big.bin
 TREE = r"""
 set -e
 mkdir -p tree/sub/deep "tree/sp ace" tree/empty
-head -c 300000 /dev/urandom > tree/sub/blob.bin
+python3 -c 'import random; random.seed(7); open("tree/sub/blob.bin", "wb").write(random.randbytes(300000))'
 printf 'hello\n' > tree/a.txt
 : > tree/sub/deep/empty.txt
 printf 'ünï' > "tree/sp ace/ünï.txt"
@@ -367,14 +379,22 @@ def codes(sb: Sandbox, paths: list[str], *, write: bool) -> dict[str, str]:
     return {p: outcome(lambda p=p: sb.read_file(p, encoding=None)) for p in paths}
 
 
-def test_file_errors_are_the_same_on_both_paths(pair: dict[str, Sandbox], backend_name: str) -> None:
+def test_file_errors_are_the_same_on_both_paths(
+    pair: dict[str, Sandbox], backend_name: str, pool: StoragePool
+) -> None:
+    disk = pair["disk"]
+    # The disk sandbox takes the host paths (writes only on runc: see workspace_path), the other not.
+    assert _host_workspace(disk) == pool.path(disk.id) and _host_workspace(pair["memory"]) is None
+    assert (_host_workspace(disk, write=True) is not None) is (backend_name == "docker")
     reads = {m: codes(sb, READS, write=False) for m, sb in pair.items()}
-    assert reads["disk"] == reads["memory"]
-    expected = dict(EXPECTED)
-    if backend_name == "gvisor":  # checked there too, but the runtime decides what 000 means
-        expected.pop("bad/locked")
-        expected.pop("bad/locked-dir/f")
-    assert {p: reads["disk"][p] for p in expected} == expected
+    assert reads["disk"] == reads["memory"] == EXPECTED
+    # The host path itself answers so (a missing file is left to the agent: gVisor keeps
+    # FIFOs and sockets made inside in its own kernel), not a fallback to the channel.
+    limit = disk._guard.policy.read_limit
+    direct = {p: outcome(lambda p=p: hostfiles.read(disk, p, limit)) for p in READS}
+    deferred = {"bad/missing": "ok"} | ({"bad/fifo": "ok"} if backend_name == "gvisor" else {})
+    assert direct == {**EXPECTED, **deferred}
+    assert hostfiles.read(disk, "bad/missing", limit) is None
     writes = {m: codes(sb, WRITES, write=True) for m, sb in pair.items()}
     assert writes["disk"] == writes["memory"]
     assert writes["disk"]["bad/link/new"] == "symlink" and writes["disk"]["bad/adir"] != "ok"
@@ -402,6 +422,8 @@ print(json.dumps(out))
     for medium, sb in pair.items():
         sb.write_file("made/deep/f.bin", data, mode=0o640)
         assert sb.read_file("made/deep/f.bin", encoding=None) == data
+        if medium == "disk":  # what the host path itself reads
+            assert hostfiles.read(sb, "made/deep/f.bin", len(data)) == data
         inside = sb.exec_shell("sha256sum tree/sub/blob.bin").check().stdout.split()[0]
         assert hashlib.sha256(sb.read_file("tree/sub/blob.bin", encoding=None)).hexdigest() == inside
         seen[medium] = sb.exec_json(probe, timeout=60)
@@ -447,46 +469,106 @@ def test_artifacts_download_and_snapshots_are_the_same_on_both_paths(
 ) -> None:
     results: dict[str, dict[str, Any]] = {}
     for medium, sb in pair.items():
-        sh(
-            sb, "chmod 700 bad/locked-dir && rm -rf bad made"
-        )  # what a snapshot refuses: the error tests above are done with it
+        sh(sb, "chmod 700 bad/locked-dir && rm -rf bad made")  # what a snapshot refuses
         got: dict[str, Any] = {"artifacts": sb.artifacts("tree/**")}
-        copy = sb.download("tree", tmp_path / medium / "dl")
-        got["download"] = tree_of(copy)
-        got["file"] = sb.download("tree/a.txt", tmp_path / medium / "one").read_bytes()
-        got["link"] = outcome(
-            lambda sb=sb, medium=medium: sb.download("tree/sub/link", tmp_path / medium / "l")
-        )
         meta = sb.snapshot(tmp_path / medium / "snap.tar")
         got["snapshot"] = snapshot_members(meta.path)
         got["counts"] = (meta.files, meta.entries)
+        # A link is refused by download, as a whole tree or alone.
+        out = tmp_path / medium
+        got["link"] = [
+            outcome(lambda p=p, sb=sb, out=out: sb.download(p, out / "l")) for p in ("tree", "tree/sub/link")
+        ]
+        sh(sb, "rm tree/sub/link")
+        got["download"] = tree_of(sb.download("tree", out / "dl"))
+        got["file"] = sb.download("tree/a.txt", out / "one").read_bytes()
         results[medium] = got
+        sh(sb, "ln -s ../a.txt tree/sub/link && " + BAD)  # as the fixture left them, for any test after
     disk, memory = results["disk"], results["memory"]
     assert disk["artifacts"] == memory["artifacts"]
     assert {a.path for a in disk["artifacts"]} >= {"tree/a.txt", "tree/sub/blob.bin", "tree/sparse.bin"}
     assert disk["download"] == memory["download"] and "sub/blob.bin" in disk["download"]
     assert disk["file"] == memory["file"] == b"hello\n"
-    assert disk["link"] == memory["link"] != "ok"
+    assert disk["link"] == memory["link"] == ["link", "link"]
     assert disk["counts"] == memory["counts"]
     payload = {k: v for k, v in disk["snapshot"].items() if k != "agentnest-snapshot.json"}
     assert payload == {k: v for k, v in memory["snapshot"].items() if k != "agentnest-snapshot.json"}
     assert "workspace/tree/sub/link" in payload and "workspace/tree/sparse.bin" in payload
 
 
+def test_snapshots_report_the_same_skipped_fifos_on_both_paths(
+    pair: dict[str, Sandbox], tmp_path: Path, request: pytest.FixtureRequest, backend_name: str
+) -> None:
+    xfail_on(
+        request,
+        backend_name,
+        "gvisor",
+        "product bug: on gVisor a FIFO made inside lives in gVisor's own kernel, so the host-side "
+        "snapshot of a disk workspace never sees it and SnapshotMetadata.skipped is empty, while "
+        "the channel path (workspace='memory') lists workspace/pipes/p",
+    )
+    skipped = {}
+    for medium, sb in pair.items():
+        sh(sb, "chmod 700 bad/locked-dir && rm -rf bad && mkdir pipes && mkfifo pipes/p")
+        try:
+            meta = sb.snapshot(tmp_path / f"{medium}.tar")
+        finally:
+            sh(sb, "rm -rf pipes && " + BAD)
+        skipped[medium] = meta.skipped
+        assert "workspace/pipes/p" not in snapshot_members(meta.path)
+    assert skipped["memory"] == ("workspace/pipes/p",)
+    assert skipped["disk"] == skipped["memory"]
+
+
 # -- restore into a workspace too small --------------------------------------------------------
 
 
-def test_restoring_a_snapshot_bigger_than_disk_fails_and_keeps_the_files(
-    backend_name: str, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def big_snapshot(backend_name: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A snapshot holding 24 MiB of incompressible data."""
     with Sandbox(backend=backend_name, workspace="disk", disk="128m", timeout=120) as source:
         sh(source, "head -c 24M /dev/urandom > big.bin")
-        snap = source.snapshot(tmp_path / "big.tar").path
+        return source.snapshot(tmp_path_factory.mktemp("big") / "big.tar").path
+
+
+def test_restoring_a_snapshot_bigger_than_disk_fails_and_keeps_the_files(
+    backend_name: str, big_snapshot: Path
+) -> None:
     with Sandbox(backend=backend_name, workspace="disk", disk="16m", timeout=120) as target:
         target.write_file("old.txt", "old")
-        sh(target, "mkdir -p keep && echo k > keep/k")
-        with pytest.raises(SnapshotError):
-            target.restore(snap)
-        assert target.read_file("old.txt") == "old" and target.read_file("keep/k") == "k\n"
-        assert not target.exists("big.bin")
+        sh(target, "mkdir -p keep && head -c 12M /dev/urandom > keep/k")
+        digest = target.exec_shell("sha256sum keep/k").check().stdout
+        with pytest.raises(SnapshotError) as info:
+            target.restore(big_snapshot)
+        assert info.value.rule == "size" and info.value.member == "workspace/big.bin"
+        assert target.read_file("old.txt") == "old"
+        assert target.exec_shell("sha256sum keep/k").check().stdout == digest
         assert sorted(e.path for e in target.list_files()) == ["keep", "old.txt"]
+    # It fits disk=, but not beside the old files while it stages: the kernel refuses (EDQUOT).
+    with Sandbox(backend=backend_name, workspace="disk", disk="40m", timeout=120) as target:
+        sh(target, "mkdir -p keep && head -c 20M /dev/urandom > keep/k")
+        digest = target.exec_shell("sha256sum keep/k").check().stdout
+        with pytest.raises(SnapshotError) as info:
+            target.restore(big_snapshot)
+        assert info.value.rule == "no_space" and "old and the new files" in str(info.value)
+        assert target.exec_shell("sha256sum keep/k").check().stdout == digest
+        assert sorted(e.path for e in target.list_files()) == ["keep"]
+        # Nothing staged is left behind: the room is back.
+        sh(target, "rm keep/k")
+        assert target.restore(big_snapshot).files == 1
+        assert stat_in(target, "big.bin", [])["size"] == 24 * MiB
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug: restoring a snapshot bigger than the target's disk= raises SnapshotError "
+    "(rule 'size') saying only 'the archive holds more than 16777216 bytes of file data (the limit)'; "
+    "issue 12 wants the error to name the fix (a sandbox with a larger disk=/workspace_size=)",
+)
+def test_the_too_big_restore_error_names_the_fix(backend_name: str, big_snapshot: Path) -> None:
+    with (
+        Sandbox(backend=backend_name, workspace="disk", disk="16m", timeout=120) as target,
+        pytest.raises(SnapshotError) as info,
+    ):
+        target.restore(big_snapshot)
+    assert "disk=" in str(info.value) or "workspace_size=" in str(info.value)

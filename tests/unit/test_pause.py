@@ -46,13 +46,15 @@ class StoppingBackend(process.LocalBackend):
             if agent.proc.poll() is None:
                 os.kill(agent.proc.pid, sig)
 
-    def pause(self, handle: SandboxHandle) -> None:
+    def pause(self, handle: SandboxHandle) -> str:
         self.calls.append("pause")
         self._signal(handle, signal.SIGSTOP)
+        return "freezer"
 
-    def resume(self, handle: SandboxHandle) -> None:
+    def resume(self, handle: SandboxHandle) -> bool:
         self.calls.append("resume")
         self._signal(handle, signal.SIGCONT)
+        return False
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ from ...errors import (
 from ...policy import NetworkMode
 from .. import bootstrap, storage
 from ..base import Capability, RuntimeBackend, SandboxHandle
-from . import egress, images, labels, seccomp
+from . import checkpoint, egress, images, labels, seccomp
 
 if TYPE_CHECKING:
     import docker
@@ -271,6 +271,10 @@ class DockerBackend(RuntimeBackend):
         }
         if self.storage_pool() is not None:
             caps.add(Capability.DISK_WORKSPACE)
+            if self.checkpoints():
+                # gVisor checkpoints restored into a new container
+                # (tests/integration/test_live_fork.py); runc has none here (CRIU fails).
+                caps.add(Capability.LIVE_FORK)
         if self.spec.oci_runtime == "runc":
             caps.add(Capability.NETWORK_OPEN)
         if self.spec.oci_runtime == "runc" or self._is_gvisor():
@@ -313,20 +317,126 @@ class DockerBackend(RuntimeBackend):
         finally:
             self._release(handle)
 
-    def pause(self, handle: SandboxHandle) -> None:
-        freeze = handle.info.setdefault("freeze", _Freeze())
-        with freeze.user_lock:
-            if not freeze.user:
-                # Through the engine: `docker ps` and inspect then say "paused".
-                self._hold(handle, fast=False)
-                freeze.user = True
-
-    def resume(self, handle: SandboxHandle) -> None:
+    def pause(self, handle: SandboxHandle) -> str:
+        # gVisor on an experimental local engine: a checkpoint to disk (the
+        # container stops, its memory is released); otherwise the freezer.
+        # Not while a fork holds the freezer, nor for allowlisted sandboxes
+        # (their proxy and network are not part of the checkpoint).
         freeze = handle.info.setdefault("freeze", _Freeze())
         with freeze.user_lock:
             if freeze.user:
+                return "checkpoint" if freeze.checkpointed else "freezer"
+            with freeze.lock:
+                to_disk = (
+                    freeze.count == 0
+                    and handle.info.get("egress_topology") is None
+                    and not handle.info.get("checkpoint_restored")
+                    and self.checkpoints()
+                )
+                if to_disk:
+                    cid = handle.info["container"]
+                    checkpoint.delete(self.api, cid, checkpoint.PAUSE_NAME)  # a previous pause's
+                    with map_docker_errors("checkpointing the sandbox"):
+                        checkpoint.create(self.api, cid, checkpoint.PAUSE_NAME)
+                    freeze.checkpointed = True
+                    freeze.count += 1
+            if not to_disk:
+                # Through the engine: `docker ps` and inspect then say "paused".
+                self._hold(handle, fast=False)
+            freeze.user = True
+            return "checkpoint" if to_disk else "freezer"
+
+    def resume(self, handle: SandboxHandle) -> bool:
+        freeze = handle.info.setdefault("freeze", _Freeze())
+        with freeze.user_lock:
+            if not freeze.user:
+                return False
+            if not freeze.checkpointed:
                 self._release(handle)
                 freeze.user = False
+                return False
+            self._restore(handle, checkpoint.PAUSE_NAME)  # SnapshotError: still paused, nothing lost
+            with freeze.lock:
+                freeze.count -= 1
+                freeze.checkpointed = False
+            freeze.user = False
+            # The checkpoint stays until the next pause or the container's
+            # removal (one per container): a restore that fails later, in
+            # runsc, can still be looked into.
+            return True
+
+    def create_live_fork(self, parent: SandboxHandle, config: SandboxConfig) -> SandboxHandle:
+        if Capability.LIVE_FORK not in self.capabilities():
+            raise UnsupportedCapabilityError(
+                "a live fork needs gVisor (runsc) on a local Docker engine in experimental mode "
+                "(`make engine` sets it; runc cannot: CRIU fails on this kernel); use fork(live=False)"
+            )
+        if self.workspace_path(parent) is None or config.limits.workspace_medium != "disk":
+            raise UnsupportedCapabilityError(
+                "a live fork needs a disk workspace (the default); use fork(live=False)"
+            )
+        if parent.info.get("egress_topology") is not None or config.network.mode is not NetworkMode.DENIED:
+            # The checkpoint holds the sandbox's sockets; a copy of them in a
+            # second network namespace is not something tested here.
+            raise UnsupportedCapabilityError(
+                "a live fork is only for network-denied sandboxes for now; use fork(live=False)"
+            )
+        if parent.info.get("checkpoint_restored"):
+            raise UnsupportedCapabilityError(_ONCE + "; use fork(live=False)")
+        freeze = parent.info.setdefault("freeze", _Freeze())
+        cid = parent.info["container"]
+        with freeze.user_lock:
+            with freeze.lock:
+                if freeze.count or freeze.user:
+                    raise UnsupportedCapabilityError(
+                        "the sandbox is frozen by another fork or snapshot right now; try again, "
+                        "or use fork(live=False)"
+                    )
+                checkpoint.delete(self.api, cid, checkpoint.FORK_NAME)  # a previous fork's
+                with map_docker_errors("checkpointing the sandbox for a live fork"):
+                    checkpoint.create(self.api, cid, checkpoint.FORK_NAME)
+                # Held while stopped: the workspace clone's freeze is then a no-op.
+                freeze.count += 1
+                freeze.checkpointed = True
+            try:
+                source = checkpoint.directory(self.engine_info(), cid, checkpoint.FORK_NAME)
+                child = self._create(config, parent, restore_from=source)
+            finally:
+                try:
+                    # The parent comes back whatever became of the child.
+                    self._restore(parent, checkpoint.FORK_NAME)
+                finally:
+                    with freeze.lock:
+                        freeze.count -= 1
+                        freeze.checkpointed = False
+        return child
+
+    def checkpoints(self) -> bool:
+        """Whether this backend pauses its sandboxes through gVisor checkpoints (see :mod:`.checkpoint`)."""
+        return (
+            self._is_gvisor()
+            and storage.local_engine(self.spec.docker_host)
+            and checkpoint.supported(self.engine_info())
+        )
+
+    def _restore(self, handle: SandboxHandle, name: str) -> None:
+        """Start the stopped container from checkpoint ``name``; its new stream waits in the handle."""
+        cid = handle.info["container"]
+        with map_docker_errors("restoring the sandbox"):
+            # Attach before the start, as at create: no byte of the restored agent is lost.
+            wrapper = self.api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+        stream = DockerMuxStream(_raw_socket(wrapper), owner=wrapper, eof_marker=bootstrap.AGENT_EXITED)
+        try:
+            with map_docker_errors("restoring the sandbox"):
+                checkpoint.restore(self.api, self.engine_info(), cid, name)
+                pid = handle.info.get("agent_pid")
+                if isinstance(pid, int) and pid > 0:
+                    checkpoint.wake(self.api, cid, pid, handle.info["user"])
+        except BaseException:
+            stream.close()
+            raise
+        handle.info["stream"] = stream
+        handle.info["checkpoint_restored"] = True
 
     def _hold(self, handle: SandboxHandle, *, fast: bool = True) -> None:
         cid = handle.info["container"]
@@ -389,7 +499,9 @@ class DockerBackend(RuntimeBackend):
         finally:
             copy.__exit__(None, None, None)
 
-    def _create(self, config: SandboxConfig, workspace_from: SandboxHandle | None) -> SandboxHandle:
+    def _create(
+        self, config: SandboxConfig, workspace_from: SandboxHandle | None, restore_from: Path | None = None
+    ) -> SandboxHandle:
         allowlist = config.network.mode is NetworkMode.ALLOWLIST
         if allowlist and Capability.EGRESS_DOMAINS not in self.capabilities():
             raise UnsupportedCapabilityError(
@@ -414,7 +526,7 @@ class DockerBackend(RuntimeBackend):
             topology, proxy_start = self._start_egress(config, sandbox_id, created, deadline)
         try:
             handle = self._create_container(
-                config, sandbox_id, created, deadline, oci_runtime, topology, workspace_from
+                config, sandbox_id, created, deadline, oci_runtime, topology, workspace_from, restore_from
             )
         except BaseException:
             if topology is not None:
@@ -512,6 +624,7 @@ class DockerBackend(RuntimeBackend):
         oci_runtime: str,
         topology: egress.EgressTopology | None,
         workspace_from: SandboxHandle | None = None,
+        restore_from: Path | None = None,
     ) -> SandboxHandle:
         uid, _, gid = config.user.partition(":")
         gid = gid or uid
@@ -642,7 +755,18 @@ class DockerBackend(RuntimeBackend):
                 handle.info["stream"] = DockerMuxStream(
                     _raw_socket(wrapper), owner=wrapper, eof_marker=bootstrap.AGENT_EXITED
                 )
-                api.start(cid)
+                if restore_from is None or workspace_from is None:
+                    api.start(cid)
+                else:
+                    # A live fork: the parent's checkpoint, started in this container.
+                    name = checkpoint.FORK_NAME
+                    checkpoint.copy(restore_from, checkpoint.directory(self.engine_info(), cid, name))
+                    checkpoint.restore(api, self.engine_info(), cid, name)
+                    pid = workspace_from.info.get("agent_pid")
+                    if isinstance(pid, int) and pid > 0:
+                        checkpoint.wake(api, cid, pid, handle.info["user"])
+                    handle.info["reconnect_ids"] = workspace_from.info.get("reconnect_ids", 1)
+                    handle.info["checkpoint_restored"] = True
         except BaseException:
             self.destroy(handle)
             raise
@@ -869,6 +993,14 @@ def _is_frozen(path: str) -> bool:
         return "frozen 1" in f.read()
 
 
+#: Why a container restored from a checkpoint is not checkpointed again.
+_ONCE = (
+    "this sandbox was restored from a gVisor checkpoint (a pause to disk or a live fork), and a second "
+    "checkpoint of it leaves its old task behind in containerd (Docker 20.10, runsc 20221219: the next "
+    "restore fails with 'id already in use'), so it pauses with the freezer and forks its files only"
+)
+
+
 class _Freeze:
     """How many holders want a sandbox frozen right now (see ``DockerBackend.frozen``)."""
 
@@ -880,6 +1012,8 @@ class _Freeze:
         self.user = False
         self.user_lock = threading.Lock()
         self.how = "docker"  # how the current freeze was made: thawed the same way
+        # The owner's pause is a gVisor checkpoint: the container is stopped.
+        self.checkpointed = False
 
 
 class _Background:
