@@ -7,10 +7,11 @@ import gzip
 import os
 import tarfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
-from ..config import SnapshotMetadata
+from ..config import SnapshotMetadata, format_size
 from ..errors import SnapshotError
 from ..events import EventType
 from ..runtime.base import Capability
@@ -140,6 +141,35 @@ def restore(sandbox: Sandbox, path: str | os.PathLike[str]) -> SnapshotMetadata:
     guard = sandbox._guard
     guard.approve("restore", {"path": os.fspath(path)})
     max_bytes = sandbox.config.limits.workspace
+    with _too_big_for(sandbox):
+        meta = _restore(sandbox, path, max_bytes)
+    guard.emit(
+        EventType.SNAPSHOT_RESTORED,
+        {"path": str(meta.path), "sha256": meta.sha256, "files": meta.files, "size": meta.size},
+    )
+    return meta
+
+
+@contextlib.contextmanager
+def _too_big_for(sandbox: Sandbox) -> Iterator[None]:
+    """A snapshot that does not fit the workspace: say so, and how to make room."""
+    try:
+        yield
+    except SnapshotError as exc:
+        if exc.rule not in ("size", "no_space"):
+            raise
+        limits = sandbox.config.limits
+        knob = "disk=" if limits.workspace_medium == "disk" else "workspace_size="
+        raise SnapshotError(
+            f"{exc} - the snapshot does not fit this sandbox's {format_size(limits.workspace)} workspace "
+            f"(a restore stages the new files beside the old ones); restore it into a sandbox with a larger "
+            f"{knob}, e.g. Sandbox.from_snapshot(path, {knob}...)",
+            member=exc.member,
+            rule=exc.rule,
+        ) from None
+
+
+def _restore(sandbox: Sandbox, path: str | os.PathLike[str], max_bytes: int) -> SnapshotMetadata:
     # Fast path: the extractor runs on the host, in the workspace, with the
     # sandbox frozen throughout (nothing in it can race the extraction).
     with _open_snapshot(path) as snap, _frozen_live(sandbox) as local:
@@ -153,12 +183,7 @@ def restore(sandbox: Sandbox, path: str | os.PathLike[str]) -> SnapshotMetadata:
             feeder.drop(exc)
             raise
         feeder.finish(commit=True)
-    meta = _metadata(doc, Path(os.fspath(path)), snap.size, whole, snap.compressed)
-    guard.emit(
-        EventType.SNAPSHOT_RESTORED,
-        {"path": str(meta.path), "sha256": meta.sha256, "files": meta.files, "size": meta.size},
-    )
-    return meta
+    return _metadata(doc, Path(os.fspath(path)), snap.size, whole, snap.compressed)
 
 
 def from_snapshot(
