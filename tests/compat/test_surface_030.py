@@ -30,6 +30,10 @@ FORWARDS = {"agentnest.AsyncSandbox.create": "agentnest.Sandbox"}
 
 #: Reviewed differences: ``str(difference)`` -> why it is not a break.
 REVIEWED: dict[str, str] = {
+    "agentnest.SandboxPool()(max_uses=): default 25 -> 100": (
+        "100, with reset='clean' by default: 0.3.0 reused a sandbox 25 times as it was left; every use "
+        "now starts clean (docs/compat.md, Defaults)"
+    ),
     # -- the same thing, spelled or typed another way
     "agentnest.AsyncSandbox.create ->: returns AsyncSandbox -> _Creation": (
         "awaiting it gives the AsyncSandbox, as before; it is also an async context manager"
