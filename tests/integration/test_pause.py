@@ -78,15 +78,20 @@ def test_processes_keep_their_state_across_pause_and_resume(sandbox: Sandbox) ->
     session = sandbox.python_session(name="main")
     session.run(COUNTER)
     wait_until(lambda: int(session.run("count[0]").result or 0) > 3, "the counter to run")
+    to_disk = isinstance(sandbox.backend, DockerBackend) and sandbox.backend.checkpoints()
     sandbox.pause()
-    assert engine_paused(sandbox)
+    if to_disk:  # gVisor on an experimental engine: a checkpoint, the container stopped
+        assert not sandbox.backend.is_running(sandbox.handle)
+    else:
+        assert engine_paused(sandbox)
     with pytest.raises(SandboxPausedError, match=r"resume\(\)"):
         sandbox.exec(["true"])
     started = time.monotonic()
     sandbox.resume()
     resumed_in = time.monotonic() - started
     assert not engine_paused(sandbox)
-    assert resumed_in < 1.0, resumed_in
+    if not to_disk:
+        assert resumed_in < 1.0, resumed_in  # the freezer; a restore's time is a benchmark's matter
     # The same interpreter (its variables), and its thread counts on.
     before = int(session.run("count[0]").result or 0)
     wait_until(lambda: int(session.run("count[0]").result or 0) > before, "the counter to go on")
@@ -96,6 +101,8 @@ def test_processes_keep_their_state_across_pause_and_resume(sandbox: Sandbox) ->
 
 def test_a_fork_freeze_does_not_undo_a_pause(sandbox: Sandbox) -> None:
     backend, handle = sandbox.backend, sandbox.handle
+    if isinstance(backend, DockerBackend) and backend.checkpoints():
+        pytest.skip("gVisor pauses by checkpoint on this engine (its freeze rules: test_gvisor_pause_*)")
     sandbox.pause()
     with backend.frozen(handle):
         assert frozen(sandbox)
