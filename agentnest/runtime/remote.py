@@ -267,8 +267,10 @@ class RemoteBackend(RuntimeBackend):
     def capabilities(self) -> frozenset[Capability]:
         known = {c.value: c for c in Capability}
         caps = {known[v] for v in self._backend_info().get("capabilities", ()) if v in known}
-        # GPUs cannot be asked for over the HTTP API.
-        caps.discard(Capability.GPU)
+        # GPUs cannot be asked for over the HTTP API.  Nor a disk workspace, a
+        # pause or a live fork: where the workspace lives is the server's choice
+        # (its own storage pool), and the API has no pause.
+        caps -= {Capability.GPU, Capability.DISK_WORKSPACE, Capability.PAUSE, Capability.LIVE_FORK}
         return frozenset(caps)
 
     @property

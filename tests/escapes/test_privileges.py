@@ -203,14 +203,19 @@ def test_mounts_are_refused(
         )
     else:
         assert answers[call] == EPERM
-    # Nothing changed: the root is still read-only, /workspace still the tmpfs.
+    # Nothing changed: the root is still read-only, /workspace still the pool's
+    # subvolume (or the tmpfs, without a storage pool), /tmp still the tmpfs.
     mounts = run_json(
         shared_sandbox,
         "import json; print(json.dumps([l.split()[1:4] for l in open('/proc/self/mounts')]))",
     )
     by_target = {target: (fstype, opts.split(",")) for target, fstype, opts in mounts}
     assert "ro" in by_target["/"][1]
-    assert by_target["/workspace"][0] == "tmpfs"
+    on_disk = shared_sandbox.config.limits.workspace_medium == "disk"
+    if not on_disk:
+        assert by_target["/workspace"][0] == "tmpfs"
+    elif backend_name == "docker":
+        assert by_target["/workspace"][0] == "btrfs"  # gVisor names its own file system type here
     assert by_target["/tmp"][0] == "tmpfs"
 
 
@@ -381,6 +386,14 @@ def test_device_nodes_cannot_be_made_or_used(
         # No CAP_MKNOD (and nodev on the tmpfs mounts besides).
         assert answers["mknod_mem"] == EPERM
         assert answers["mknod_sda"] == EPERM
+        return
+    if shared_sandbox.config.limits.workspace_medium == "disk":
+        # A disk workspace is a host directory served by gVisor's gofer, which
+        # refuses device nodes outright.
+        assert answers["mknod_mem"] == EPERM
+        found = opens(shared_sandbox, [("/tmp/escape-sda", "r", None)])
+        assert found == {"/tmp/escape-sda": errno.ENXIO}
+        shared_sandbox.exec(["rm", "-f", "/tmp/escape-sda"]).check()
         return
     # gVisor lets the node be made, but its devices are its own emulations:
     # there is no host memory or disk behind 1:1 or 8:0.
