@@ -425,6 +425,7 @@ class Sandbox:
             network=config.network.mode.value,
             uid=int(config.user.split(":")[0]),
             read_only=config.read_only_root,
+            workspace_quota=self._backend.workspace_quota(self._handle),
         )
         failed = [f for f in findings if f.status == _verify.FAIL]
         self._guard.emit(

@@ -102,10 +102,13 @@ def judge(
     uid: int = 65532,
     read_only: bool = True,
     engine_pids: int | None = None,
+    workspace_quota: int | None = None,
 ) -> list[Finding]:
     """Compare what :data:`PROBE` saw with the configuration; one finding per check.
 
     ``network`` is the sandbox's network mode (``denied``, ``allowlist``, ``open``).
+    ``workspace_quota`` is a disk workspace's quota as the host reads it
+    (``RuntimeBackend.workspace_quota``): inside, ``statfs`` shows the whole pool.
     """
     found: list[Finding] = []
 
@@ -210,6 +213,17 @@ def judge(
     _limit(add, "process limit", limits.pids, seen.get("pids") or {}, str, gvisor, engine_value=engine_pids)
 
     size = seen.get("workspace_bytes")
+    if limits.workspace_medium == "disk":
+        bounded = workspace_quota is not None and 0 < workspace_quota <= limits.workspace
+        shown = human_bytes(workspace_quota) if workspace_quota is not None else "no quota found"
+        add(
+            "workspace size",
+            OK if bounded else FAIL,
+            f"/workspace: the storage pool's quota, {shown} (limit {human_bytes(limits.workspace)}), "
+            "read on the host",
+            "the workspace must be a subvolume with a qgroup limit (`agentnest setup`, `agentnest doctor`)",
+        )
+        return found
     bounded = isinstance(size, int) and 0 < size <= limits.workspace
     add(
         "workspace size",

@@ -266,6 +266,7 @@ def _judge(
         gvisor=gvisor,
         network=network.value if network is not None else "denied",
         engine_pids=engine_pids,
+        workspace_quota=sandbox.backend.workspace_quota(sandbox.handle),
     ):
         report.add(scope, finding.name, finding.status, finding.detail, finding.hint)
 

@@ -170,6 +170,14 @@ class RuntimeBackend(ABC):
         """
         return None
 
+    def workspace_quota(self, handle: SandboxHandle) -> int | None:
+        """The size the kernel holds a disk workspace to, read on the host; ``None`` if none.
+
+        For ``verify=True`` and ``agentnest doctor``: inside the sandbox a quota
+        is invisible (``statfs`` shows the whole pool).
+        """
+        return None
+
     def frozen(self, handle: SandboxHandle) -> AbstractContextManager[None]:
         """Stop every process of the sandbox for the duration of the ``with``.
 

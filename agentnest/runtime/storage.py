@@ -237,12 +237,19 @@ class StoragePool:
 
     def used(self, name: str) -> int:
         """Bytes workspace ``name`` references (its qgroup's count)."""
+        return self._qgroup(name)[0]
+
+    def limit(self, name: str) -> int | None:
+        """The quota the kernel enforces on workspace ``name`` (max referenced bytes), if any."""
+        return self._qgroup(name)[1]
+
+    def _qgroup(self, name: str) -> tuple[int, int | None]:
         out = _run([_btrfs(), "qgroup", "show", "-rf", "--raw", str(self.path(name))], "reading usage")
         for line in out.splitlines():
             parts = line.split()
-            if parts and parts[0].startswith("0/") and len(parts) >= 2 and parts[1].isdigit():
-                return int(parts[1])
-        return 0
+            if parts and parts[0].startswith("0/") and len(parts) >= 4 and parts[1].isdigit():
+                return int(parts[1]), int(parts[3]) if parts[3].isdigit() else None
+        return 0, None
 
     def _explain(self, exc: BaseException) -> BackendError:
         """A failure to make a workspace, with the pool's state and the fix."""

@@ -427,3 +427,19 @@ def test_check_size_refuses_more_than_the_pool_holds(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError) as info:
         pool.check_size(total + MiB)
     assert "agentnest setup --size" in str(info.value) and str(tmp_path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("quota", "status"),
+    [(8 * GiB, "ok"), (4 * GiB, "ok"), (None, "fail"), (16 * GiB, "fail"), (0, "fail")],
+)
+def test_verify_judges_a_disk_workspace_by_its_host_side_quota(quota: int | None, status: str) -> None:
+    from agentnest import verify
+
+    limits = ResourceLimits(workspace_medium="disk")
+    # Inside, statfs shows the whole pool (38 GiB here): not what is judged.
+    findings = verify.judge({"workspace_bytes": 38 * GiB}, limits, gvisor=False, workspace_quota=quota)
+    (finding,) = [f for f in findings if f.name == "workspace size"]
+    assert finding.status == status, finding
+    if status == "fail":
+        assert "agentnest setup" in finding.hint

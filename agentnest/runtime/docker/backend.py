@@ -293,6 +293,15 @@ class DockerBackend(RuntimeBackend):
             raise UnsupportedCapabilityError("only a sandbox with a disk workspace forks on the host")
         return self._create(config, parent)
 
+    def workspace_quota(self, handle: SandboxHandle) -> int | None:
+        pool, name = handle.info.get("workspace_pool"), handle.info.get("workspace_name")
+        if not isinstance(pool, storage.StoragePool) or not isinstance(name, str):
+            return None
+        try:
+            return pool.limit(name)
+        except BackendError:
+            return None
+
     def workspace_path(self, handle: SandboxHandle, *, write: bool = False) -> Path | None:
         path = handle.info.get("workspace_path")
         if write and self._is_gvisor():
