@@ -133,7 +133,10 @@ def test_image_without_python3_names_the_image(backend_name: str, image_without_
         {"cpus": 0},
         {"pids": 1},
         {"pids": 10**9},
-        {"memory": "128m", "workspace_size": "1g"},
+        {"memory": "128m", "workspace_size": "1g", "workspace": "memory"},  # a tmpfs counts in memory
+        {"disk": "70000g"},  # beyond any disk workspace
+        {"disk": "5000g"},  # beyond this host's storage pool (it says how to grow it)
+        {"disk": "1g", "workspace": "memory"},
     ],
     ids=lambda limits: ",".join(f"{k}={v}" for k, v in limits.items()),
 )
