@@ -260,13 +260,15 @@ def _judge(
     """Compare what the probe saw with the sandbox's configuration (see :mod:`agentnest.verify`)."""
     config = sandbox.config
     network = getattr(getattr(config, "network", None), "mode", None)
+    on_disk = config.limits.workspace_medium == "disk"
+    quota = sandbox.backend.workspace_quota(sandbox.handle) if on_disk else None
     for finding in verify.judge(
         seen,
         config.limits,
         gvisor=gvisor,
         network=network.value if network is not None else "denied",
         engine_pids=engine_pids,
-        workspace_quota=sandbox.backend.workspace_quota(sandbox.handle),
+        workspace_quota=quota,
     ):
         report.add(scope, finding.name, finding.status, finding.detail, finding.hint)
 
