@@ -246,12 +246,18 @@ class Sandbox:
         self._egress_failure: BaseException | None = None
         self._stop_egress: Callable[[], None] | None = None
         provision = _state.PROVISION.get() or self._backend.create  # a host-side fork's child: state.forks
-        self._handle: SandboxHandle = provision(config)
+        provided = provision(config)
+        # A warm spare's agent is connected already (state.spares).
+        provided, ready = provided if isinstance(provided, tuple) else (provided, None)
+        self._handle: SandboxHandle = provided
         self._guard.sandbox_id = self._handle.id
         self._mono_deadline = time.monotonic() + (self._handle.deadline - time.time())
         self._lifetime = config.lifetime
         try:
-            self._connect()
+            if ready is None:
+                self._connect()
+            else:
+                self._channel = ready
             if config.secret_files:
                 self._write_secret_files(config.secret_files)
             if verify:
@@ -1260,6 +1266,7 @@ class Sandbox:
             stop = self._stop_egress
             if stop is not None:
                 stop()  # the proxy's last reports came in while it was removed
+        _state.SPARES.forget(self)  # its forks' warm container, unless another sandbox wants it
         self._guard.emit(EventType.SANDBOX_DESTROYED, {})
 
     close = destroy

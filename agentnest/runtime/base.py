@@ -62,6 +62,11 @@ class Capability(str, enum.Enum):
     """Can fork a running sandbox with its processes (``Sandbox.fork(live=True)``: gVisor checkpoints).
 
     .. versionadded:: 0.4.0"""
+    WARM_FORK = "fork.warm"
+    """Can keep a started container ready to become a fork's child (:meth:`RuntimeBackend.create_spare`,
+    :meth:`RuntimeBackend.claim_spare`): a fork then costs a workspace snapshot, not a container start.
+
+    .. versionadded:: 0.4.0"""
     DISK_WORKSPACE = "workspace.disk"
     """Can give a sandbox a disk-backed, kernel-bounded, copy-on-write workspace
     (``workspace="disk"``: the storage pool, :mod:`agentnest.runtime.storage`).
@@ -204,6 +209,31 @@ class RuntimeBackend(ABC):
             UnsupportedCapabilityError: the backend cannot (the default).
         """
         raise UnsupportedCapabilityError(f"the {self.name} backend cannot copy a workspace on the host")
+
+    def create_spare(self, config: SandboxConfig) -> SandboxHandle:
+        """A started sandbox of ``config`` with no workspace yet, to become a fork's child later.
+
+        Its agent waits for its bundle, as after :meth:`create`; its deadline
+        is provisional until :meth:`claim_spare`.  Destroy it with
+        :meth:`destroy` if it is never claimed.
+
+        Raises:
+            UnsupportedCapabilityError: the backend cannot (the default; see ``Capability.WARM_FORK``).
+        """
+        raise UnsupportedCapabilityError(f"the {self.name} backend keeps no warm containers for forks")
+
+    def claim_spare(self, spare: SandboxHandle, parent: SandboxHandle, config: SandboxConfig) -> None:
+        """Make ``spare`` (from :meth:`create_spare`) the child of a fork of ``parent``.
+
+        Its workspace becomes a copy-on-write copy of ``parent``'s, taken with
+        the parent frozen for the instant, and its deadline ``config.lifetime``
+        from now.  If this raises, the spare is unusable: destroy it.
+
+        Raises:
+            UnsupportedCapabilityError: the backend cannot (the default).
+            BackendError: the copy or the mount failed.
+        """
+        raise UnsupportedCapabilityError(f"the {self.name} backend keeps no warm containers for forks")
 
     def pause(self, handle: SandboxHandle) -> str:
         """Stop every process of the sandbox until :meth:`resume` (``Capability.PAUSE``).

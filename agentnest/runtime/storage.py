@@ -22,6 +22,8 @@ Layout under the pool's mount point (``/var/lib/agentnest/storage`` unless
 
     ws/<sandbox id>          the live workspace of a sandbox
     snap/<pid>-<token>       a read-only snapshot a host process is reading
+    slot/<sandbox id>        the mount point a warm spare container binds as its
+                             workspace; a fork mounts its child's workspace on it
 
 The pool is made by :func:`setup` (``agentnest setup``, ``make engine``), as
 root: a loop mount and qgroups need ``CAP_SYS_ADMIN``.  Everything here runs
@@ -44,6 +46,7 @@ from pathlib import Path
 
 from ..config import DEFAULT_DISK  # room for a repository, its virtualenv and a build
 from ..errors import BackendError, ConfigurationError, RuntimeNotAvailableError
+from . import btrfs, mounts
 
 __all__ = [
     "DEFAULT_DISK",
@@ -181,8 +184,8 @@ class StoragePool:
         path = self.path(name)
         try:
             path.parent.mkdir(mode=0o711, exist_ok=True)
-            _run([_btrfs(), "subvolume", "create", str(path)], "creating the workspace")
-        except (OSError, BackendError) as exc:
+            btrfs.create(path)
+        except OSError as exc:
             raise self._explain(exc) from None
         try:
             self._limit(path, size)
@@ -199,11 +202,8 @@ class StoragePool:
         self.check_size(size)
         path = self.path(name)
         try:
-            _run(
-                [_btrfs(), "subvolume", "snapshot", str(self.path(source)), str(path)],
-                "copying the workspace",
-            )
-        except BackendError as exc:
+            btrfs.snapshot(self.path(source), path)
+        except OSError as exc:
             raise self._explain(exc) from None
         try:
             self._limit(path, size)
@@ -222,10 +222,10 @@ class StoragePool:
         snaps = self.root / "snap"
         snaps.mkdir(mode=0o711, exist_ok=True)
         path = snaps / f"{os.getpid()}-{os.urandom(6).hex()}"
-        _run(
-            [_btrfs(), "subvolume", "snapshot", "-r", str(self.path(source)), str(path)],
-            "snapshotting the workspace",
-        )
+        try:
+            btrfs.snapshot(self.path(source), path, read_only=True)
+        except OSError as exc:
+            raise self._explain(exc) from None
         try:
             yield path
         finally:
@@ -234,6 +234,51 @@ class StoragePool:
     def remove(self, name: str) -> None:
         """Delete workspace ``name`` if it exists; its blocks go back to the host."""
         _delete(self.path(name))
+
+    # -- slots: workspaces that appear in a running container ------------------
+
+    def slot(self, name: str) -> Path:
+        """The host path of slot ``name``."""
+        return self.root / "slot" / self.path(name).name  # path() checks the name
+
+    def make_slot(self, name: str) -> Path:
+        """An empty mount point for a container that gets its workspace later (a fork's warm spare).
+
+        The slot is a root-owned, read-only directory bound onto itself and
+        made a *shared* mount: a container that binds it with ``rslave``
+        propagation sees what :meth:`fill_slot` later mounts on it (the
+        kernel propagates the new mount into the container's namespace), and
+        nothing the container does propagates back.
+        """
+        path = self.slot(name)
+        try:
+            path.parent.mkdir(mode=0o711, exist_ok=True)
+            path.mkdir(mode=0o555)
+            mounts.bind(path, path)
+            mounts.make_shared(path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.remove_slot(name)
+            raise self._explain(exc) from None
+        return path
+
+    def fill_slot(self, name: str, workspace: str) -> None:
+        """Mount workspace ``workspace`` on slot ``name``: its container now sees it as its workspace."""
+        try:
+            mounts.bind(self.path(workspace), self.slot(name))
+        except OSError as exc:
+            raise BackendError(f"mounting workspace {workspace} on its slot: {exc.strerror}") from None
+
+    def remove_slot(self, name: str) -> None:
+        """Unmount everything on slot ``name`` and remove it (idempotent)."""
+        path = self.slot(name)
+        try:
+            mounts.unmount_all(path)
+            path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise BackendError(f"removing the slot {name}: {exc.strerror}") from None
 
     def used(self, name: str) -> int:
         """Bytes workspace ``name`` references (its qgroup's count)."""
@@ -244,6 +289,9 @@ class StoragePool:
         return self._qgroup(name)[1]
 
     def _qgroup(self, name: str) -> tuple[int, int | None]:
+        with contextlib.suppress(OSError, ValueError):
+            return btrfs.qgroup_usage(self.path(name))
+        # A kernel without qgroups in sysfs (before 5.9): ask btrfs-progs.
         out = _run([_btrfs(), "qgroup", "show", "-rf", "--raw", str(self.path(name))], "reading usage")
         for line in out.splitlines():
             parts = line.split()
@@ -267,20 +315,36 @@ class StoragePool:
                     f"({human_size(free)} of {human_size(total)} free); destroy sandboxes, "
                     "run `agentnest prune`, or make a bigger pool"
                 )
-        return BackendError(f"{exc}; `agentnest doctor` checks the storage pool")
+        detail = f"{exc.strerror} ({exc.filename})" if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return BackendError(
+            f"making a workspace failed: {detail}; `agentnest doctor` checks the storage pool"
+        )
 
     def _limit(self, path: Path, size: int) -> None:
         # The qgroup limit is what the kernel enforces (EDQUOT inside the
         # sandbox): referenced bytes, so a fork's shared blocks count too and
         # "holds up to disk=" means what the sandbox sees.
-        _run([_btrfs(), "qgroup", "limit", str(size), str(path)], "limiting the workspace")
+        try:
+            btrfs.limit(path, size)
+        except OSError as exc:
+            raise BackendError(f"limiting the workspace {path.name}: {exc.strerror}") from None
 
     # -- housekeeping --------------------------------------------------------
 
     def orphans(self, live: set[str], *, now: float | None = None) -> list[str]:
-        """Workspaces and reader snapshots no live sandbox or process owns."""
+        """Slots, workspaces and reader snapshots no live sandbox or process owns.
+
+        Slots come first: a workspace mounted on a slot is deleted only
+        once that mount is gone.
+        """
         now = time.time() if now is None else now
         found: list[str] = []
+        with contextlib.suppress(FileNotFoundError):
+            for name in sorted(os.listdir(self.root / "slot")):
+                if _NAME.fullmatch(name) and name not in live:
+                    with contextlib.suppress(OSError):
+                        if now - os.lstat(self.root / "slot" / name).st_mtime >= ORPHAN_AGE:
+                            found.append(f"slot/{name}")
         for name in self.names():
             if name in live:
                 continue
@@ -296,11 +360,14 @@ class StoragePool:
         return found
 
     def delete_entry(self, entry: str) -> None:
-        """Delete one entry of :meth:`orphans` (``ws/NAME`` or ``snap/NAME``)."""
+        """Delete one entry of :meth:`orphans` (``slot/NAME``, ``ws/NAME`` or ``snap/NAME``)."""
         kind, _, name = entry.partition("/")
-        if kind not in ("ws", "snap") or not _NAME.fullmatch(name):
+        if kind not in ("ws", "snap", "slot") or not _NAME.fullmatch(name):
             raise ConfigurationError(f"{entry!r:.80} is not a storage pool entry")
-        _delete(self.root / kind / name)
+        if kind == "slot":
+            self.remove_slot(name)
+        else:
+            _delete(self.root / kind / name)
 
     def reclaim(self) -> None:
         """Wait until deleted subvolumes are gone and hand their blocks back to the host."""
@@ -336,7 +403,12 @@ def _delete(path: Path) -> None:
     if not os.path.lexists(path):
         return
     # One ioctl; btrfs frees the blocks in the background (see reclaim).
-    _run([_btrfs(), "subvolume", "delete", str(path)], "deleting the workspace")
+    try:
+        btrfs.delete(path)
+    except FileNotFoundError:
+        pass  # deleted meanwhile (two destroys racing)
+    except OSError as exc:
+        raise BackendError(f"deleting the workspace {path.name}: {exc.strerror}") from None
 
 
 def human_size(n: int) -> str:
@@ -442,7 +514,7 @@ def setup(
             return status, steps
     _run([btrfs, "quota", "enable", root], "enabling quotas")
     steps.append("enabled quotas")
-    for sub in ("ws", "snap"):
+    for sub in ("ws", "snap", "slot"):
         (Path(root) / sub).mkdir(mode=0o711, exist_ok=True)
     _found.pop(root, None)
     return probe(root), steps

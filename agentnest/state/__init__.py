@@ -84,6 +84,7 @@ from .snapshots import from_snapshot as from_snapshot
 from .snapshots import read_snapshot as read_snapshot
 from .snapshots import restore as restore
 from .snapshots import snapshot as snapshot
+from .spares import SPARES as SPARES
 from .transfer import artifacts as artifacts
 from .transfer import download as download
 

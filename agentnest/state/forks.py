@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import tarfile
 import time
 from collections.abc import Callable
@@ -9,25 +11,29 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 from ..channel.client import Channel
-from ..errors import ChannelError, ConfigurationError, SnapshotError, UnsupportedCapabilityError
+from ..errors import BackendError, ChannelError, ConfigurationError, SnapshotError, UnsupportedCapabilityError
 from ..events import EventType
 from ..policy import NetworkMode
 from ..runtime.base import Capability
 from .archive import _Gate
 from .programs import _host_workspace, _read_program, _require, _start_extractor, _start_writer, _writer_args
 from .rules import TarRules
+from .spares import SPARES
+
+log = logging.getLogger("agentnest.fork")
 
 if TYPE_CHECKING:
     from ..config import SandboxConfig
     from ..runtime.base import SandboxHandle
     from ..sandbox import Sandbox
 
-#: How the sandbox being constructed in this context gets its handle, when
-#: not from ``backend.create``: set by a host-side fork around the child's
-#: constructor (a context variable: invisible to other threads and tasks,
-#: and to the public signature of ``Sandbox``).
-PROVISION: ContextVar[Callable[[SandboxConfig], SandboxHandle] | None] = ContextVar(
-    "agentnest_provision", default=None
+#: How the sandbox being constructed in this context gets its handle (and,
+#: for a warm spare, its already connected channel), when not from
+#: ``backend.create``: set by a host-side fork around the child's constructor
+#: (a context variable: invisible to other threads and tasks, and to the
+#: public signature of ``Sandbox``).
+PROVISION: ContextVar[Callable[[SandboxConfig], SandboxHandle | tuple[SandboxHandle, Channel]] | None] = (
+    ContextVar("agentnest_provision", default=None)
 )
 
 
@@ -113,17 +119,43 @@ def _fork_on_host(parent: Sandbox, lifetime: float) -> Sandbox:
 
     The backend freezes the parent for the instant of the snapshot, so the
     child starts with exactly the parent's files at that instant; no byte
-    moves, whatever the workspace's size.
+    moves, whatever the workspace's size.  The child's container is a warm
+    spare when one is ready (see :mod:`.spares`), else a new one; either
+    way a spare is then made ready for the next fork.
     """
     backend, handle = parent.backend, parent.handle
-    token = PROVISION.set(lambda config: backend.create_fork(handle, config))
-    try:
-        child = _create_like(parent, lifetime)
-    finally:
-        PROVISION.reset(token)
+    child: Sandbox | None = None
+    warm = SPARES.take(parent, dataclasses.replace(parent.config, lifetime=lifetime))
+    if warm is not None:
+        spare = warm
+
+        def claim(config: SandboxConfig) -> tuple[SandboxHandle, Channel]:
+            backend.claim_spare(spare.handle, handle, config)
+            return spare.handle, spare.channel
+
+        token = PROVISION.set(claim)
+        try:
+            child = _create_like(parent, lifetime)
+        except (BackendError, UnsupportedCapabilityError) as exc:
+            # The spare could not take the copy (nothing of the parent's is
+            # lost): make the child the ordinary way instead.
+            log.info("warm fork of %s failed, creating the child from scratch: %s", parent.id, exc)
+            spare.discard()
+        except BaseException:
+            spare.discard()
+            raise
+        finally:
+            PROVISION.reset(token)
+    if child is None:
+        token = PROVISION.set(lambda config: backend.create_fork(handle, config))
+        try:
+            child = _create_like(parent, lifetime)
+        finally:
+            PROVISION.reset(token)
+    SPARES.want(parent)
     for secret in parent._guard.secrets:
         child._guard.add_secret(secret)  # as the channel path: the files may hold them
-    details = {"copy": "snapshot", "skipped": []}
+    details = {"copy": "snapshot", "skipped": [], "warm": warm is not None}
     parent._guard.emit(EventType.SANDBOX_FORKED, {"child": child.id, **details})
     child._guard.emit(EventType.SANDBOX_FORKED, {"parent": parent.id, **details})
     return child

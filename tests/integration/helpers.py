@@ -16,6 +16,7 @@ import pytest
 
 from agentnest import Sandbox
 from agentnest.runtime.storage import StoragePool
+from agentnest.state import SPARES
 
 SANDBOX_UID = 65532
 OCI_RUNTIME = {"docker": "runc", "gvisor": "runsc"}
@@ -60,11 +61,18 @@ def container_of(client: Any, sb: Sandbox) -> Any:
 
 
 def owned_containers(client: Any) -> set[str]:
-    """Ids of every container this test process created (other sessions may share the engine)."""
+    """Ids of every container this test process created (other sessions may share the engine).
+
+    Warm spares kept for the next fork (agentnest.state.spares) are not
+    counted: they are no leak while the sandbox that forked lives, and
+    tests that end it check that its spare went with it.
+    """
+    assert SPARES.wait_idle(60), "a warm spare was still being made after 60 s"
+    spares = {h.info.get("container") for h in SPARES.handles()}
     found = client.containers.list(
         all=True, ignore_removed=True, filters={"label": f"agentnest.owner={owner_label()}"}
     )
-    return {c.id for c in found}
+    return {c.id for c in found if c.id not in spares}
 
 
 def wait_until_stopped(client: Any, sandbox_id: str, within: float) -> float | None:

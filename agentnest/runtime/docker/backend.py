@@ -46,7 +46,7 @@ from ...errors import (
     UnsupportedCapabilityError,
 )
 from ...policy import NetworkMode
-from .. import bootstrap, storage
+from .. import bootstrap, mounts, storage
 from ..base import Capability, RuntimeBackend, SandboxHandle
 from . import checkpoint, egress, images, labels, seccomp
 
@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 #: callers that find it still running; the keeper normally stops it first.
 #: Memory gVisor's own kernel (the Sentry) needs beside the workload.
 _GVISOR_OVERHEAD = 48 * 2**20
+#: How long a warm container (create_spare) may wait to become a fork's child.
+SPARE_MAX_AGE = 300.0
 _CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -96,6 +98,10 @@ class DockerSpec:
             (``None``: ``$AGENTNEST_STORAGE`` or /var/lib/agentnest/storage;
             ``""``: no disk workspaces).  Used only when the engine runs on
             this host (a unix socket).
+        warm_forks: after a sandbox's first fork, keep one started container
+            of its configuration ready for the next (``Capability.WARM_FORK``:
+            runc, a local storage pool, a network-denied sandbox); ``False``
+            creates every child from scratch.  See docs/state.md.
 
     .. versionchanged:: 0.4.0 the ``egress_*``, ``proxy_*``,
        ``network_oci_runtime`` and ``image_aliases`` fields.
@@ -115,6 +121,7 @@ class DockerSpec:
     network_oci_runtime: str | None = None
     image_aliases: Mapping[str, str] | None = field(default=None, hash=False)
     storage: str | None = None
+    warm_forks: bool = True
 
     def __post_init__(self) -> None:
         from ...egress.proxy import Rules
@@ -188,6 +195,9 @@ class DockerBackend(RuntimeBackend):
         self._lock = threading.Lock()
         self._known_images: set[str] = set()
         self._pool: storage.StoragePool | None = None
+        # Why warm forks stopped working here (a slot's mount did not reach
+        # its container), or None.
+        self._warm_broken: str | None = None
 
     # -- engine --------------------------------------------------------------
 
@@ -275,6 +285,11 @@ class DockerBackend(RuntimeBackend):
                 # gVisor checkpoints restored into a new container
                 # (tests/integration/test_live_fork.py); runc has none here (CRIU fails).
                 caps.add(Capability.LIVE_FORK)
+            if self.spec.warm_forks and self.spec.oci_runtime == "runc" and self._warm_broken is None:
+                # A mount made on the host after the container started reaches
+                # it through mount propagation; gVisor's gofer serves the
+                # directory it opened at start, so there it would not.
+                caps.add(Capability.WARM_FORK)
         if self.spec.oci_runtime == "runc":
             caps.add(Capability.NETWORK_OPEN)
         if self.spec.oci_runtime == "runc" or self._is_gvisor():
@@ -292,6 +307,46 @@ class DockerBackend(RuntimeBackend):
         if self.workspace_path(parent) is None or config.limits.workspace_medium != "disk":
             raise UnsupportedCapabilityError("only a sandbox with a disk workspace forks on the host")
         return self._create(config, parent)
+
+    def create_spare(self, config: SandboxConfig) -> SandboxHandle:
+        if Capability.WARM_FORK not in self.capabilities():
+            raise UnsupportedCapabilityError(
+                f"the {self.name} backend keeps no warm containers for forks "
+                f"({self._warm_broken or 'it needs runc, a local storage pool and warm_forks=True'})"
+            )
+        if config.network.mode is not NetworkMode.DENIED or config.limits.workspace_medium != "disk":
+            # An allowlisted sandbox's network and proxy are made for it alone.
+            raise UnsupportedCapabilityError("only network-denied sandboxes with a disk workspace fork warm")
+        handle = self._create(config, None, spare=True)
+        try:
+            with map_docker_errors("looking at the warm container"):
+                handle.info["pid"] = int(self.api.inspect_container(handle.info["container"])["State"]["Pid"])
+        except BaseException:
+            self.destroy(handle)
+            raise
+        return handle
+
+    def claim_spare(self, spare: SandboxHandle, parent: SandboxHandle, config: SandboxConfig) -> None:
+        pool, slot = spare.info.get("workspace_pool"), spare.info.get("slot")
+        if not isinstance(pool, storage.StoragePool) or not isinstance(slot, str):
+            raise UnsupportedCapabilityError("this handle is not a warm container (create_spare)")
+        if self.workspace_path(parent) is None:
+            raise UnsupportedCapabilityError("only a sandbox with a disk workspace forks on the host")
+        # The parent stops for the instant of the snapshot: the child gets
+        # exactly its files at that instant.
+        with self.frozen(parent):
+            path = pool.clone(parent.info["workspace_name"], spare.id, config.limits.workspace)
+        spare.info.update(workspace_name=spare.id, workspace_path=path)  # destroy() removes it
+        pool.fill_slot(slot, spare.id)
+        seen = mounts.top_mount(config.workdir, spare.info["pid"])
+        if seen != f"/ws/{spare.id}":
+            # Fail closed, and stop trying: an engine in another mount
+            # namespace never sees the slot's mounts.
+            self._warm_broken = f"a workspace mounted on a slot did not reach its container (it saw {seen!r})"
+            raise BackendError(f"warm fork: {self._warm_broken}")
+        deadline = time.time() + config.lifetime
+        self._move_deadline(spare, deadline)
+        spare.deadline = deadline
 
     def workspace_quota(self, handle: SandboxHandle) -> int | None:
         pool, name = handle.info.get("workspace_pool"), handle.info.get("workspace_name")
@@ -509,7 +564,12 @@ class DockerBackend(RuntimeBackend):
             copy.__exit__(None, None, None)
 
     def _create(
-        self, config: SandboxConfig, workspace_from: SandboxHandle | None, restore_from: Path | None = None
+        self,
+        config: SandboxConfig,
+        workspace_from: SandboxHandle | None,
+        restore_from: Path | None = None,
+        *,
+        spare: bool = False,
     ) -> SandboxHandle:
         allowlist = config.network.mode is NetworkMode.ALLOWLIST
         if allowlist and Capability.EGRESS_DOMAINS not in self.capabilities():
@@ -528,14 +588,25 @@ class DockerBackend(RuntimeBackend):
         self._ensure_image(config.image)
         sandbox_id = os.urandom(6).hex()
         created = time.time()
-        deadline = created + config.lifetime
+        # A warm container waits up to SPARE_MAX_AGE to become a fork's child,
+        # which then moves the deadline to its own (claim_spare).
+        lifetime = config.lifetime + (SPARE_MAX_AGE if spare else 0.0)
+        deadline = created + lifetime
         topology: egress.EgressTopology | None = None
         proxy_start: _Background | None = None
         if allowlist:
             topology, proxy_start = self._start_egress(config, sandbox_id, created, deadline)
         try:
             handle = self._create_container(
-                config, sandbox_id, created, deadline, oci_runtime, topology, workspace_from, restore_from
+                config,
+                sandbox_id,
+                created,
+                deadline,
+                oci_runtime,
+                topology,
+                workspace_from,
+                restore_from,
+                slot=spare,
             )
         except BaseException:
             if topology is not None:
@@ -634,6 +705,8 @@ class DockerBackend(RuntimeBackend):
         topology: egress.EgressTopology | None,
         workspace_from: SandboxHandle | None = None,
         restore_from: Path | None = None,
+        *,
+        slot: bool = False,
     ) -> SandboxHandle:
         uid, _, gid = config.user.partition(":")
         gid = gid or uid
@@ -654,7 +727,7 @@ class DockerBackend(RuntimeBackend):
 
         tmpfs_opts = f"rw,nosuid,nodev,uid={uid},gid={gid}"
         tmpfs = {"/tmp": f"{tmpfs_opts},mode=1777,size={limits.scratch}"}
-        mounts: list[docker.types.Mount] = []
+        binds: list[docker.types.Mount] = []
         handle_info: dict[str, Any] = {}
         if limits.workspace_medium == "disk":
             pool = self.storage_pool()
@@ -663,17 +736,26 @@ class DockerBackend(RuntimeBackend):
                     "this engine has no storage pool for a disk workspace; make one as root with "
                     "`agentnest setup`, or use workspace='memory'"
                 )
-            if workspace_from is None:
+            if slot:
+                # No workspace yet: claim_spare mounts one on the slot, and mount
+                # propagation (rslave: host to container, never back) shows it here.
+                path = pool.make_slot(sandbox_id)
+                handle_info.update(workspace_pool=pool, slot=sandbox_id)
+                binds.append(docker.types.Mount(config.workdir, str(path), type="bind", propagation="rslave"))
+            elif workspace_from is None:
                 path = pool.create(sandbox_id, limits.workspace, int(uid), int(gid))
             else:
                 # A fork: the parent stops for the instant of the snapshot, so
                 # the child gets exactly the parent's files at that instant.
                 with self.frozen(workspace_from):
                     path = pool.clone(workspace_from.info["workspace_name"], sandbox_id, limits.workspace)
-            handle_info.update(workspace_pool=pool, workspace_name=sandbox_id, workspace_path=path)
-            # A bind mount of the sandbox's own subvolume, nothing above it;
-            # the pool is mounted nosuid,nodev on the host (storage.setup).
-            mounts.append(docker.types.Mount(config.workdir, str(path), type="bind", propagation="rprivate"))
+            if not slot:
+                handle_info.update(workspace_pool=pool, workspace_name=sandbox_id, workspace_path=path)
+                # A bind mount of the sandbox's own subvolume, nothing above it;
+                # the pool is mounted nosuid,nodev on the host (storage.setup).
+                binds.append(
+                    docker.types.Mount(config.workdir, str(path), type="bind", propagation="rprivate")
+                )
         else:
             tmpfs[config.workdir] = f"{tmpfs_opts},mode=0755,size={limits.workspace}"
         device_requests = (
@@ -688,7 +770,7 @@ class DockerBackend(RuntimeBackend):
             # The image is never written; only the tmpfs mounts and the workspace are.
             read_only=config.read_only_root,
             tmpfs=tmpfs,
-            mounts=mounts or None,
+            mounts=binds or None,
             # No capability at all, and no way to gain one through setuid binaries.
             cap_drop=["ALL"],
             security_opt=self._security_opt(config),
@@ -723,7 +805,7 @@ class DockerBackend(RuntimeBackend):
             with map_docker_errors("creating the sandbox container", config.image):
                 cid = api.create_container(
                     config.image,
-                    command=bootstrap.command("keeper", self.spec.python, config.lifetime),
+                    command=bootstrap.command("keeper", self.spec.python, deadline - created),
                     user=f"{uid}:{gid}",
                     environment=env,
                     working_dir=config.workdir,
@@ -845,8 +927,18 @@ class DockerBackend(RuntimeBackend):
             # The proxy first, so the sandbox never outlives its way out; it reads
             # the same kind of root-owned deadline file as the sandbox's keeper.
             moved.write(self.api, topology.proxy_id, self.spec.python, deadline)
-        moved.write(self.api, handle.info["container"], self.spec.python, deadline)
+        self._move_deadline(handle, deadline)
         handle.deadline = deadline
+
+    def _move_deadline(self, handle: SandboxHandle, deadline: float) -> None:
+        from . import deadline as moved
+
+        cid, pid = handle.info["container"], handle.info.get("pid")
+        # Straight into the container on this host (runc: /proc/PID/root is the
+        # container's own view); through the engine otherwise.
+        local = not self._is_gvisor() and storage.local_engine(self.spec.docker_host)
+        if not (local and isinstance(pid, int) and moved.write_local(pid, cid, deadline)):
+            moved.write(self.api, cid, self.spec.python, deadline)
 
     def is_running(self, handle: SandboxHandle) -> bool:
         import docker.errors
@@ -1085,11 +1177,19 @@ def _raw_socket(obj: Any) -> socket.socket:
 
 
 def _remove_workspace(info: dict[str, Any]) -> None:
-    """Delete a sandbox's disk workspace (idempotent: the name is dropped first)."""
-    pool = info.pop("workspace_pool", None)
-    name = info.pop("workspace_name", None)
-    if isinstance(pool, storage.StoragePool) and isinstance(name, str):
+    """Delete a sandbox's disk workspace and its slot (idempotent: each name is dropped once done)."""
+    pool = info.get("workspace_pool")
+    if not isinstance(pool, storage.StoragePool):
+        return
+    slot = info.get("slot")
+    if isinstance(slot, str):
+        pool.remove_slot(slot)  # first: the workspace mounted on it is busy until then
+        del info["slot"]
+    name = info.get("workspace_name")
+    if isinstance(name, str):
         pool.remove(name)
+        del info["workspace_name"]
+    info.pop("workspace_pool", None)
 
 
 def _custom_seccomp(config: SandboxConfig) -> str | None:
