@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from typing import List, NoReturn, Optional, Tuple
 
 CH = 1 << 20
+#: Where a program writes its output: stdout when it runs as a script; the
+#: host's in-process runner (agentnest.state.host) sets its own pipe instead.
+OUT = 1
 DIRF = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 RESERVED = (".agentnest-restore-", ".agentnest-old-")
 

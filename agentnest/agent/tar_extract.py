@@ -10,7 +10,10 @@ the stdlib, not even the agent's other modules, and keeps Python 3.8 syntax
 directory is opened with ``O_NOFOLLOW`` from its parent's descriptor.
 
 Reads a tar stream from stdin (length-prefixed chunks, a zero length at the
-end, then one decision byte: ``C`` commit, anything else abort), validates
+end, then one decision byte: ``C`` commit, anything else abort), or, on the
+host-side fast path, from a snapshot file open as ``A["file_fd"]`` up to its
+member ``A["stop_at"]`` (then it prints ``staged`` and reads the decision
+byte from stdin), validates
 every member with its own copy of the rules (the host checked them too:
 :class:`agentnest.state.TarRules`), writes it into a staging directory and,
 on commit, swaps the staging directory's contents in for the workspace's.
@@ -105,6 +108,51 @@ class Feed:
 
     def tell(self) -> int:
         return self.pos
+
+
+class FileFeed:
+    # The same interface over a snapshot file the host opened for us (the
+    # host-side fast path, A["file_fd"]): a plain file that seeks, whose
+    # members' data is copied into place by the kernel (sendfile), not read
+    # into this process.  The host checks the file's checksum and metadata
+    # at the same time and confirms only if they hold.
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pos = 0
+        self.done = False
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            n = 1 << 30
+        data = os.pread(self.fd, n, self.pos)
+        self.pos += len(data)
+        return data
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        if whence != 0 or pos < 0:
+            raise OSError(errno.ESPIPE, "seek only to an absolute position")
+        self.pos = pos
+        return pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def copy_to(self, fd: int, offset: int, n: int, member: str) -> None:
+        while n:
+            try:
+                k = os.sendfile(fd, self.fd, offset, min(n, 1 << 30))
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+                    raise
+                data = os.pread(self.fd, min(n, CH), offset)
+                k = len(data)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            if not k:
+                raise Refused("truncated", member, "the member's data is truncated")
+            offset += k
+            n -= k
 
 
 def nbytes(s: str) -> int:
@@ -253,17 +301,24 @@ class Tree:
         else:
             fd = os.open(name, NEWF, 0o600, dir_fd=pfd)
             try:
-                src: Feed = tar.fileobj  # type: ignore[assignment]  # the Feed main() opened it on
-                if src.tell() != m.offset_data:
-                    raise Refused("corrupt", m.name, "stream out of step")
+                src = tar.fileobj  # the Feed or FileFeed main() opened it on
                 # typeshed says bytes; tarfile keeps a list of (offset, size) pairs.
                 sparse: Optional[List[Tuple[int, int]]] = m.sparse  # type: ignore[assignment]
-                if sparse is None:
-                    self.copy(src, fd, m.size, m.name)
-                else:
-                    for off, n in sparse:
+                segments = [(0, m.size)] if sparse is None else sparse
+                if isinstance(src, FileFeed):
+                    at = m.offset_data
+                    for off, n in segments:
                         os.lseek(fd, off, os.SEEK_SET)
-                        self.copy(src, fd, n, m.name)
+                        src.copy_to(fd, at, n, m.name)
+                        at += n
+                else:
+                    feed: Feed = src  # type: ignore[assignment]
+                    if feed.tell() != m.offset_data:
+                        raise Refused("corrupt", m.name, "stream out of step")
+                    for off, n in segments:
+                        os.lseek(fd, off, os.SEEK_SET)
+                        self.copy(feed, fd, n, m.name)
+                if sparse is not None:
                     os.ftruncate(fd, m.size)
                 os.fchmod(fd, m.mode & 0o777)
                 os.utime(fd, (m.mtime, m.mtime))
@@ -414,8 +469,9 @@ def main() -> None:
     os.mkdir(STAGE, 0o700, dir_fd=rootfd)
     sfd = opendir(STAGE, rootfd)
     rules = Rules()
+    direct = isinstance(A.get("file_fd"), int)
     try:
-        feed = Feed()
+        feed = FileFeed(A["file_fd"]) if direct else Feed()
         tree = Tree(sfd)
         try:
             # tarfile only reads, seeks and tells a file object it is given
@@ -428,12 +484,16 @@ def main() -> None:
                 m = tar.next()
                 if m is None:
                     break
+                if direct and m.name == A["stop_at"]:
+                    # The snapshot's metadata and end: the host reads those.
+                    feed.done = True
+                    break
                 tar.members = []
                 if tar.pax_headers:
                     raise Refused("global_header", m.name, "global PAX headers are refused")
                 rel, kind = rules.check(m, tar.offset - m.offset_data)
                 tree.add(tar, m, rel, kind)
-            while True:
+            while isinstance(feed, Feed):  # a stream: only zeros may follow the archive
                 rest = feed.piece(CH)
                 if not rest:
                     break
@@ -446,7 +506,10 @@ def main() -> None:
         if not feed.done:
             raise Refused("corrupt", None, "the stream did not end where the archive ends")
         tree.finish()
-        if feed.inp.read(1) != b"C":
+        if direct:
+            # Staged: the host now decides, once its own check of the file is done.
+            os.write(1, b"staged\n")
+        if sys.stdin.buffer.read(1) != b"C":
             raise Refused("aborted", None, "the host did not confirm the stream; nothing was changed")
         swap(rootfd, sfd)
         tree.settle(rootfd)

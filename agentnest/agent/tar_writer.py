@@ -12,7 +12,8 @@ directory is opened with ``O_NOFOLLOW`` from its parent's descriptor.
 Writes the tree at ``A["sub"]`` (below ``A["root"]``) to stdout as tar
 members named below ``A["prefix"]``, without the end-of-archive marker (the
 host adds it).  Sparse files become GNU sparse 1.0 members holding only their
-data.  With ``A["wait"]`` it first waits for a ``g`` on stdin.  Structured
+data.  With ``A["budget"]`` it gives up (rule ``budget``) once the members
+hold more data than that.  With ``A["wait"]`` it first waits for a ``g`` on stdin.  Structured
 errors, and the list of skipped names at the end, go to stderr as one line
 ``agentnest-state: {json}``.
 """
@@ -32,7 +33,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
-    from ._prelude import CH, DIRF, RESERVED, Refused, listdir, opendir, oserror, report
+    from ._prelude import CH, DIRF, OUT, RESERVED, Refused, listdir, opendir, oserror, report
 
 #: The host's arguments: JSON in ``sys.argv[1]``, read when run as a script.
 A: Dict[str, Any]
@@ -50,7 +51,7 @@ skipped: List[str] = []
 def out(data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(1, view) :]
+        view = view[os.write(OUT, view) :]
 
 
 def pad(n: int) -> None:
@@ -65,6 +66,10 @@ def count(arc: str, nbytes: int) -> None:
         raise Refused("entries", arc, "the workspace has more than %d entries" % A["max_entries"])
     if totals["bytes"] > A["max_bytes"]:
         raise Refused("size", arc, "the workspace holds more than %d bytes" % A["max_bytes"])
+    if A.get("budget") and totals["bytes"] > A["budget"]:
+        # The host reads a frozen live workspace only while it is small; past
+        # this it stops and starts again on a copy-on-write snapshot.
+        raise Refused("budget", arc, "more than %d bytes: read a snapshot instead" % A["budget"])
 
 
 def header(info: tarfile.TarInfo, pax: Optional[Dict[str, str]] = None) -> None:
@@ -149,7 +154,7 @@ def copy(fd: int, off: int, n: int) -> None:
         k = 0
         if SENDFILE[0]:
             try:
-                k = os.sendfile(1, fd, off, min(4 * CH, end - off))
+                k = os.sendfile(OUT, fd, off, min(4 * CH, end - off))
             except OSError as exc:
                 if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise
@@ -255,22 +260,31 @@ def walk(fd: int, arc: str, top: bool = False) -> None:
 
 
 def main() -> None:
-    root = opendir(A["root"])
-    parts = [p for p in A["sub"].split("/") if p]
-    if not parts:
-        st = os.fstat(root)
-        count(A["prefix"], 0)
-        info = tarfile.TarInfo(A["prefix"])
-        info.type = tarfile.DIRTYPE
-        info.mode = st.st_mode & 0o777
-        info.mtime = int(st.st_mtime)
-        header(info)
-        walk(root, A["prefix"], top=True)
-        return
-    dfd = root
-    for p in parts[:-1]:
-        dfd = opendir(p, dfd)
-    visit(dfd, parts[-1], A["prefix"])
+    # The host's in-process runner opens the directory for us (its thread
+    # cannot pass through the host's private directories above it).  Every
+    # descriptor is closed before returning: in-process, nothing else would.
+    root = os.dup(A["root_fd"]) if "root_fd" in A else opendir(A["root"])
+    opened = [root]
+    try:
+        parts = [p for p in A["sub"].split("/") if p]
+        if not parts:
+            st = os.fstat(root)
+            count(A["prefix"], 0)
+            info = tarfile.TarInfo(A["prefix"])
+            info.type = tarfile.DIRTYPE
+            info.mode = st.st_mode & 0o777
+            info.mtime = int(st.st_mtime)
+            header(info)
+            walk(root, A["prefix"], top=True)
+            return
+        dfd = root
+        for p in parts[:-1]:
+            dfd = opendir(p, dfd)
+            opened.append(dfd)
+        visit(dfd, parts[-1], A["prefix"])
+    finally:
+        for fd in opened:
+            os.close(fd)
 
 
 if __name__ == "__main__":

@@ -183,6 +183,14 @@ class RuntimeBackend(ABC):
         """
         return None
 
+    def workspace_usage(self, handle: SandboxHandle) -> int | None:
+        """Bytes a disk workspace held at the storage's last commit, read on the host; ``None`` if unknown.
+
+        Data written since the last commit may be missing: an estimate, for
+        choosing how to copy the workspace (see ``state.programs.LIVE_READ_MAX``).
+        """
+        return None
+
     def frozen(self, handle: SandboxHandle) -> AbstractContextManager[None]:
         """Stop every process of the sandbox for the duration of the ``with``.
 

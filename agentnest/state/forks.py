@@ -16,7 +16,8 @@ from ..events import EventType
 from ..policy import NetworkMode
 from ..runtime.base import Capability
 from .archive import _Gate
-from .programs import _host_workspace, _read_program, _require, _start_extractor, _start_writer, _writer_args
+from .host import _host_workspace, _start_extractor, _start_writer
+from .programs import _read_program, _require, _writer_args
 from .rules import TarRules
 from .spares import SPARES
 
@@ -125,6 +126,7 @@ def _fork_on_host(parent: Sandbox, lifetime: float) -> Sandbox:
     """
     backend, handle = parent.backend, parent.handle
     child: Sandbox | None = None
+    claimed = False  # the child is the spare (not one made after a failed claim)
     warm = SPARES.take(parent, dataclasses.replace(parent.config, lifetime=lifetime))
     if warm is not None:
         spare = warm
@@ -136,6 +138,7 @@ def _fork_on_host(parent: Sandbox, lifetime: float) -> Sandbox:
         token = PROVISION.set(claim)
         try:
             child = _create_like(parent, lifetime)
+            claimed = True
         except (BackendError, UnsupportedCapabilityError) as exc:
             # The spare could not take the copy (nothing of the parent's is
             # lost): make the child the ordinary way instead.
@@ -155,7 +158,7 @@ def _fork_on_host(parent: Sandbox, lifetime: float) -> Sandbox:
     SPARES.want(parent)
     for secret in parent._guard.secrets:
         child._guard.add_secret(secret)  # as the channel path: the files may hold them
-    details = {"copy": "snapshot", "skipped": [], "warm": warm is not None}
+    details = {"copy": "snapshot", "skipped": [], "warm": claimed}
     parent._guard.emit(EventType.SANDBOX_FORKED, {"child": child.id, **details})
     child._guard.emit(EventType.SANDBOX_FORKED, {"parent": parent.id, **details})
     return child

@@ -17,7 +17,6 @@ Where that cannot be set up (not Linux, not root), callers use the channel.
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import os
 import threading
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..agent.files import FileError, Workspace
 from ..errors import FileAccessError, FileTooLargeError
-from .programs import _host_workspace
+from .host import _host_workspace, become
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -37,15 +36,6 @@ _workers: dict[tuple[int, int], concurrent.futures.ThreadPoolExecutor | None] = 
 _lock = threading.Lock()
 
 
-def _become(uid: int, gid: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.setfsgid(gid)  # the group first, while the thread may still change it
-    libc.setfsuid(uid)
-    # Each call returns the previous value; an invalid one (-1) changes nothing.
-    if libc.setfsuid(-1) != uid or libc.setfsgid(-1) != gid:
-        raise OSError("setfsuid/setfsgid did not take effect")
-
-
 def _worker(uid: int, gid: int) -> concurrent.futures.ThreadPoolExecutor | None:
     """The thread that acts as ``uid:gid``, or ``None`` where there can be none."""
     key = (uid, gid)
@@ -55,7 +45,7 @@ def _worker(uid: int, gid: int) -> concurrent.futures.ThreadPoolExecutor | None:
         pool: concurrent.futures.ThreadPoolExecutor | None = None
         if os.geteuid() == 0 and uid != 0:
             pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"agentnest-fs-{uid}", initializer=_become, initargs=key
+                max_workers=1, thread_name_prefix=f"agentnest-fs-{uid}", initializer=become, initargs=key
             )
             try:
                 pool.submit(int).result(timeout=10)  # runs the initializer: check it worked

@@ -14,17 +14,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
-import selectors
-import signal
 import struct
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..channel.client import ExecHandle
@@ -33,9 +25,7 @@ from ..errors import AgentNestError, ChannelError, SnapshotError, UnsupportedCap
 from ..runtime.base import Capability
 from .archive import _Gate, _read_archive, _Stream
 from .rules import (
-    MAX_ARTIFACTS,
     MAX_ENTRIES,
-    MAX_FILE_SIZE,
     MAX_NAME_BYTES,
     PAYLOAD_PREFIX,
     MiB,
@@ -216,142 +206,16 @@ class _Program:
         return []
 
 
-class _LocalProgram(_Program):
-    """The same program on this host, over the sandbox's workspace directory (the fast path).
+class _Feeder:
+    """Feeds an extractor's stdin: length-prefixed chunks under flow control.
 
-    For a workspace in the local storage pool: no agent channel, so no
-    per-byte framing.  It runs with the same ``-I -S`` isolation, as the
-    sandbox's UID and GID (so it can do no more to the files than the
-    sandbox's own copy could, and nothing as root), with an empty
-    environment, in its own session (``cancel`` kills the group), under the
-    same output limit and timeout.  Its cwd is the workspace; the programs
-    open every path below it through directory descriptors without following
-    symlinks, and callers freeze the sandbox (or hand a read-only snapshot)
-    so nothing changes under them.
+    With ``direct`` the extractor reads a snapshot file itself: nothing is
+    sent but the final decision.
     """
 
-    def __init__(
-        self,
-        sandbox: Sandbox,
-        program: str,
-        args: dict[str, Any],
-        *,
-        stdin: bool,
-        max_output: int,
-        budget: int,
-        cwd: Path,
-    ) -> None:
-        self.sandbox = sandbox
-        self.err = bytearray()
-        self.exit = None
-        self._started = time.monotonic()
-        self._until = self._started + _timeout_for(budget)
-        self._max_output = max_output
-        self._sent = 0
-        self._over = False
-        self._timed_out = False
-        uid, _, gid = sandbox.config.user.partition(":")
-        python = _host_python()
-        assert python is not None  # _host_workspace said so
-        argv = [python, *_argv(program, args)[1:]]
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env={},
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                user=int(uid),
-                group=int(gid or uid),
-                extra_groups=[],
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as exc:
-            raise _refuse(None, "failed", f"cannot start {program} on the host: {exc}") from None
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        for pipe in (self.proc.stdout, self.proc.stdin):
-            if pipe is not None:
-                # 1 MiB pipes instead of 64 KiB: 16 times fewer reads and wake-ups
-                # for a 100 MiB tar (F_SETPIPE_SZ; the default maximum is 1 MiB).
-                with contextlib.suppress(OSError):
-                    fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, MiB)
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self.proc.stdout, selectors.EVENT_READ, 1)
-        self._sel.register(self.proc.stderr, selectors.EVENT_READ, 2)
-
-    def pull(self) -> bytes:
-        while self.exit is None:
-            if not self._sel.get_map():
-                self._reap()
-                break
-            left = self._until - time.monotonic()
-            if left <= 0:
-                self._timed_out = True
-                self.cancel()
-                break
-            for key, _ in self._sel.select(min(left, 1.0)):
-                data = os.read(key.fd, MiB)
-                if not data:
-                    self._sel.unregister(key.fileobj)
-                    continue
-                if key.data == 1:
-                    self._sent += len(data)
-                    if self._sent > self._max_output:
-                        self._over = True
-                        self.cancel()
-                        return b""
-                    return data
-                room = _ERR_MAX - len(self.err)
-                if room > 0:
-                    self.err += data[:room]
-        return b""
-
-    def write(self, data: bytes, *, eof: bool = False) -> None:
-        pipe = self.proc.stdin
-        if pipe is None:
-            return
-        try:
-            if data:
-                pipe.write(data)
-                pipe.flush()
-            if eof:
-                pipe.close()
-        except (BrokenPipeError, ValueError):
-            pass  # it exited: what it said (pull, failure) explains why
-
-    def cancel(self) -> None:
-        if self.exit is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self._reap()
-
-    def _reap(self) -> None:
-        code = self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-        self._sel.close()
-        self.exit = RawExit(
-            code=code if code >= 0 else 128 - code,
-            signal=-code if code < 0 else None,
-            timed_out=self._timed_out,
-            truncated=self._over,
-            cancelled=False,
-            duration=time.monotonic() - self._started,
-        )
-
-    def _truncated(self) -> bool:
-        return self._over
-
-
-class _Feeder:
-    """Feeds an extractor's stdin: length-prefixed chunks under flow control."""
-
-    def __init__(self, program: _Program) -> None:
+    def __init__(self, program: _Program, *, direct: bool = False) -> None:
         self.program = program
+        self.direct = direct
         self.sent = 0
         self.acked = 0
         self._lines = bytearray()
@@ -393,7 +257,8 @@ class _Feeder:
     def finish(self, *, commit: bool) -> dict[str, Any]:
         """End the stream; on ``commit`` the extractor swaps the new files in."""
         if self.program.exit is None:
-            self.program.write(struct.pack(">I", 0) + (b"C" if commit else b"A"), eof=True)
+            decision = b"C" if commit else b"A"
+            self.program.write(decision if self.direct else struct.pack(">I", 0) + decision, eof=True)
         while self._pump():
             pass
         raw = self.program.wait()
@@ -426,106 +291,6 @@ def _writer_args(sandbox: Sandbox, *, sub: str = "", prefix: str = PAYLOAD_PREFI
         "max_bytes": sandbox.config.limits.workspace,
         "max_entries": MAX_ENTRIES,
     }
-
-
-def _start(
-    sandbox: Sandbox,
-    program: str,
-    args: dict[str, Any],
-    *,
-    stdin: bool,
-    max_output: int,
-    budget: int,
-    local: Path | None,
-) -> _Program:
-    """The program in the sandbox, or with ``local`` (a host directory) on this host."""
-    if local is None:
-        return _Program(sandbox, program, args, stdin=stdin, max_output=max_output, budget=budget)
-    return _LocalProgram(sandbox, program, args, stdin=stdin, max_output=max_output, budget=budget, cwd=local)
-
-
-def _start_writer(sandbox: Sandbox, args: dict[str, Any], local: Path | None = None) -> _Program:
-    """Start the tar writer; with ``args["wait"]`` it waits for :func:`_go` first."""
-    # The agent's output limit is a backstop; the rules bound the stream first.
-    limit = int(args["max_bytes"]) + MAX_ENTRIES * 2048
-    return _start(
-        sandbox,
-        _WRITER,
-        args,
-        stdin=bool(args.get("wait")),
-        max_output=limit,
-        budget=int(args["max_bytes"]),
-        local=local,
-    )
-
-
-def _start_extractor(sandbox: Sandbox, max_bytes: int, local: Path | None = None) -> tuple[_Program, _Feeder]:
-    args = {
-        "root": ".",
-        "token": os.urandom(6).hex(),
-        "prefix": PAYLOAD_PREFIX,
-        "max_bytes": max_bytes,
-        "max_entries": MAX_ENTRIES,
-        "max_file": MAX_FILE_SIZE,
-        "ack": ACK_EVERY,
-    }
-    program = _start(sandbox, _EXTRACTOR, args, stdin=True, max_output=MiB, budget=max_bytes, local=local)
-    return program, _Feeder(program)
-
-
-def _start_hasher(sandbox: Sandbox, base: str, regex: str, local: Path | None = None) -> _Program:
-    args = {"root": ".", "base": base, "regex": regex, "max_files": MAX_ARTIFACTS}
-    budget = sandbox.config.limits.workspace
-    return _start(sandbox, _HASHER, args, stdin=False, max_output=64 * MiB, budget=budget, local=local)
-
-
-@lru_cache(maxsize=1)
-def _host_python() -> str | None:
-    """An interpreter on this host that any user may run, or ``None``.
-
-    The programs run as the sandbox's UID, which cannot run an interpreter
-    in a private directory (a venv or pyenv under /root); -I -S need nothing
-    of a venv, so the real interpreter, or the system's, does.
-    """
-    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3"):
-        path = Path(os.path.realpath(candidate))
-        try:
-            if not path.is_file() or path.stat().st_mode & 0o005 != 0o005:
-                continue
-            if all(parent.stat().st_mode & 0o001 for parent in path.parents):
-                return str(path)
-        except OSError:
-            continue
-    return None
-
-
-def _host_workspace(sandbox: Sandbox, *, write: bool = False) -> Path | None:
-    """The sandbox's workspace directory on this host when the fast path applies, else ``None``."""
-    path = sandbox.backend.workspace_path(sandbox.handle, write=write)
-    if path is None or _host_python() is None or not sandbox.config.user.replace(":", "").isdigit():
-        return None
-    return path
-
-
-@contextlib.contextmanager
-def _frozen_workspace(sandbox: Sandbox) -> Iterator[Path | None]:
-    """A read-only host copy of the workspace at this instant (fast path), or ``None`` (channel)."""
-    if _host_workspace(sandbox) is None:
-        yield None
-        return
-    with sandbox.backend.frozen_workspace(sandbox.handle) as path:
-        yield path
-
-
-@contextlib.contextmanager
-def _frozen_live(sandbox: Sandbox) -> Iterator[Path | None]:
-    """The live workspace on this host with the sandbox frozen (fast path), or ``None`` (channel)."""
-    path = _host_workspace(sandbox, write=True)
-    if path is None:
-        yield None
-        return
-    with sandbox.backend.frozen(sandbox.handle):
-        yield path
 
 
 def _read_program(program: _Program, gate: _Gate, rules: TarRules, **kw: Any) -> _Stream:

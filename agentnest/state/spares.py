@@ -151,14 +151,19 @@ class _Spares:
             self._failed(backend, config)
         finally:
             with self._lock:
-                self._making = [m for m in self._making if m[2] is not threading.current_thread()]
                 keep = spare is not None and not self._closed
                 if keep and spare is not None:
                     keep = any(p.backend is backend and _same(config, p.config) for p in self._parents)
                     if keep:
                         self._ready.append(spare)
-        if spare is not None and not keep:
-            spare.discard()
+            try:
+                if spare is not None and not keep:
+                    spare.discard()
+            finally:
+                # Only now: wait_idle() and close() return once an unwanted
+                # spare's container is gone, not while it is being removed.
+                with self._lock:
+                    self._making = [m for m in self._making if m[2] is not threading.current_thread()]
 
     def _failed(self, backend: RuntimeBackend, config: SandboxConfig) -> None:
         with self._lock:

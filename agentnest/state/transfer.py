@@ -17,7 +17,8 @@ from ..config import Artifact
 from ..errors import ChannelError, ConfigurationError, FileAccessError, SnapshotError
 from ..events import EventType
 from .archive import _Gate
-from .programs import _host_workspace, _read_program, _start_hasher, _start_writer, _writer_args
+from .host import _host_workspace, _start_hasher, _start_writer
+from .programs import _read_program, _writer_args
 from .rules import (
     _HEX64,
     MAX_ARTIFACTS,

@@ -30,7 +30,7 @@ from agentnest.runtime.docker.prune import SANDBOX_GONE, prune
 from agentnest.runtime.registry import get_backend
 from agentnest.runtime.storage import StoragePool
 from agentnest.state import hostfiles
-from agentnest.state.programs import _host_workspace
+from agentnest.state.host import _host_workspace
 from agentnest.testing.wait import wait_until
 
 from .helpers import REPO, SANDBOX_UID, Background, need_storage_pool, xfail_on

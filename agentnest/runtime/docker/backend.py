@@ -357,6 +357,15 @@ class DockerBackend(RuntimeBackend):
         except BackendError:
             return None
 
+    def workspace_usage(self, handle: SandboxHandle) -> int | None:
+        pool, name = handle.info.get("workspace_pool"), handle.info.get("workspace_name")
+        if not isinstance(pool, storage.StoragePool) or not isinstance(name, str):
+            return None
+        try:
+            return pool.used(name)
+        except BackendError:
+            return None
+
     def workspace_path(self, handle: SandboxHandle, *, write: bool = False) -> Path | None:
         path = handle.info.get("workspace_path")
         if write and self._is_gvisor():
