@@ -29,7 +29,7 @@ from agentnest.runtime.docker import DockerBackend
 from agentnest.runtime.docker.prune import SANDBOX_GONE, prune
 from agentnest.runtime.registry import get_backend
 from agentnest.runtime.storage import StoragePool
-from agentnest.state import hostfiles
+from agentnest.state import SPARES, hostfiles
 from agentnest.state.host import _host_workspace
 from agentnest.testing.wait import wait_until
 
@@ -87,7 +87,10 @@ def private_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoragePo
         assert status.ready and steps, status
         yield StoragePool(root)
     finally:
-        subprocess.run(["umount", str(root)], capture_output=True, check=False)
+        # Warm spares made for this pool's sandboxes have slots mounted in it.
+        SPARES.wait_idle(60)
+        if subprocess.run(["umount", "-R", str(root)], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-R", "-l", str(root)], capture_output=True, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -251,9 +251,17 @@ def prune(
         # A workspace stays while its sandbox's container does (in_use).
         entries = pool.orphans(in_use, now=moment + (storage.ORPHAN_AGE if everything else 0.0))
         if sandbox is not None:
-            entries = [e for e in entries if e == f"ws/{sandbox}"]
+            entries = [e for e in entries if e in (f"ws/{sandbox}", f"slot/{sandbox}")]
         found = [
-            PrunedResource("workspace", e, e, e[3:] if e.startswith("ws/") else "", "", None, SANDBOX_GONE)
+            PrunedResource(
+                "workspace",
+                e,
+                e,
+                e.partition("/")[2] if not e.startswith("snap/") else "",
+                "",
+                None,
+                SANDBOX_GONE,
+            )
             for e in entries
         ]
         workspaces = sweep(found, lambda r: pool.delete_entry(r.id))
