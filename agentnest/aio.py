@@ -364,6 +364,31 @@ class AsyncSandbox:
 
         return _Creation(make)
 
+    @classmethod
+    def from_checkpoint(
+        cls,
+        sandbox_id: str,
+        *,
+        backend: str | RuntimeBackend = "gvisor",
+        security_policy: SecurityPolicy | None = None,
+        observers: Sequence[Observer] = (),
+        approval_hook: ApprovalHook | None = None,
+    ) -> _Creation:
+        """See :meth:`Sandbox.from_checkpoint`; await it or ``async with`` it, as :meth:`create`.
+
+        .. versionadded:: 0.4.0
+        """
+
+        async def make() -> AsyncSandbox:
+            hooks = _LoopBridge().wrap_hooks(
+                {"observers": observers, "approval_hook": approval_hook, "security_policy": security_policy}
+            )
+            return await _provision(
+                functools.partial(Sandbox.from_checkpoint, sandbox_id, backend=backend, **hooks)
+            )
+
+        return _Creation(make)
+
     # -- properties ------------------------------------------------------------
 
     @property

@@ -253,9 +253,11 @@ class Sandbox:
         self._guard.sandbox_id = self._handle.id
         self._mono_deadline = time.monotonic() + (self._handle.deadline - time.time())
         self._lifetime = config.lifetime
+        # A sandbox another process paused to disk, resumed here (from_checkpoint).
+        attached = bool(self._handle.info.pop("attached", False))
         try:
             if ready is None:
-                self._connect()
+                self._connect(attached=attached)
             else:
                 self._channel = ready
             if config.secret_files:
@@ -265,13 +267,14 @@ class Sandbox:
             # Inside the try: an observer that fails must not leave a
             # container behind that nobody holds a handle to.
             self._guard.emit(
-                EventType.SANDBOX_CREATED,
+                EventType.SANDBOX_RESUMED if attached else EventType.SANDBOX_CREATED,
                 {
                     "image": config.image,
                     # What the engine runs, when an alias mapped the name (AGENTNEST_IMAGE_ALIASES).
                     "resolved_image": self._handle.info.get("image", config.image),
                     "backend": self._handle.backend,
                     "network": config.network.mode.value,
+                    **({"from_checkpoint": True} if attached else {}),
                 },
             )
             self._watch_egress()
@@ -317,15 +320,24 @@ class Sandbox:
 
     # -- channel ---------------------------------------------------------------
 
-    def _connect(self) -> Channel:
+    def _connect(self, *, attached: bool = False) -> Channel:
         stream = self._backend.open_channel(self._handle)
-        # A live fork's child: its agent is a restored copy of the parent's,
-        # which takes a reconnect frame, not the bundle (see state.forks).
+        # A live fork's child, or a sandbox resumed from its checkpoint: its
+        # agent is a restored one, which takes a reconnect frame, not the
+        # bundle (see state.forks, from_checkpoint).
         ids = self._handle.info.pop("reconnect_ids", None)
         try:
             if isinstance(ids, int):
-                self._channel = Channel.connect(stream, None, timeout=60.0, after=ids)
-                return self._channel
+                try:
+                    self._channel = Channel.connect(stream, None, timeout=60.0, after=ids)
+                    return self._channel
+                except ChannelError:
+                    if not (attached and self._backend.is_running(self._handle)):
+                        raise
+                # Restored, but its agent did not answer: a new one (its
+                # Python sessions are lost, the files and processes are not).
+                stream.close()
+                stream = self._backend.open_channel(self._handle)
             self._channel = Channel.connect(stream, bootstrap.bundle(), timeout=60.0)
         except ChannelError as exc:
             raise ChannelError(f"{exc}. Does the image {self.config.image!r} have python3?") from None
@@ -1074,6 +1086,40 @@ class Sandbox:
         """
         return _state.from_snapshot(cls, path, image, sandbox_kwargs)
 
+    @classmethod
+    def from_checkpoint(
+        cls,
+        sandbox_id: str,
+        *,
+        backend: str | RuntimeBackend = "gvisor",
+        security_policy: SecurityPolicy | None = None,
+        observers: Sequence[Observer] = (),
+        approval_hook: ApprovalHook | None = None,
+    ) -> Sandbox:
+        """Resume a sandbox that a process, this one or another, paused to disk.
+
+        On gVisor with a local engine in experimental mode, :meth:`pause`
+        checkpoints the sandbox to disk and releases its memory; the sandbox
+        then outlives the process that paused it.  Given its :attr:`id`, this
+        restores it here with its processes, Python sessions
+        (``python_session(name=...)`` finds them), ``/tmp`` and workspace,
+        its configuration (image, limits, environment, secrets) and its
+        deadline, which kept counting.  The policy, observers and approval
+        hook are this caller's; the policy must allow what the sandbox
+        already is.  This process owns it from now on.
+
+        Raises:
+            SandboxDestroyedError: no sandbox with that id is paused to disk here,
+                or its deadline passed while it was paused.
+            SnapshotError: its checkpoint or record is missing, corrupt, or from
+                another gVisor or AgentNest version (it stays paused).
+            UnsupportedCapabilityError: the backend does not pause to disk.
+            PolicyDeniedError: the policy refuses the sandbox as it is.
+
+        .. versionadded:: 0.4.0
+        """
+        return _state.from_checkpoint(cls, sandbox_id, backend, security_policy, observers, approval_hook)
+
     def artifacts(self, pattern: str = "**/*") -> tuple[Artifact, ...]:
         """An :class:`Artifact` (path, size, sha256) per matching regular file, sorted by path.
 
@@ -1189,8 +1235,11 @@ class Sandbox:
             if channel is not None:
                 channel.hold(True)
                 if channel.hello is not None:
-                    # For a checkpoint's resume: the restored agent is woken by its pid.
+                    # For a checkpoint's resume: the restored agent is woken by its
+                    # pid, and its new host side (maybe in another process:
+                    # from_checkpoint) numbers its requests after these.
                     self._handle.info["agent_pid"] = channel.hello.pid
+                    self._handle.info["reconnect_ids"] = channel.next_id()
             try:
                 how = self._backend.pause(self._handle)
             except BaseException:

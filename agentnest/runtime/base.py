@@ -272,6 +272,21 @@ class RuntimeBackend(ABC):
         """
         raise UnsupportedCapabilityError(f"the {self.name} backend cannot pause or resume a sandbox")
 
+    def attach_paused(self, sandbox_id: str) -> tuple[SandboxHandle, SandboxConfig]:
+        """A sandbox another process paused to disk (:meth:`pause` returned ``"checkpoint"``), to resume here.
+
+        Returns its handle, still paused (:meth:`resume` restores it, and its
+        agent then waits for a ``reconnect`` frame, ids after
+        ``info["reconnect_ids"]``), and its configuration.  This process owns
+        it from now on.
+
+        Raises:
+            UnsupportedCapabilityError: the backend cannot (the default).
+            SandboxDestroyedError: no such paused sandbox, or its deadline passed.
+            SnapshotError: its record is corrupt or from another version.
+        """
+        raise UnsupportedCapabilityError(f"the {self.name} backend does not pause sandboxes to disk")
+
     def create_live_fork(self, parent: SandboxHandle, config: SandboxConfig) -> SandboxHandle:
         """Like :meth:`create_fork`, with the parent's processes too (``Capability.LIVE_FORK``).
 

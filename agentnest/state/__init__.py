@@ -50,6 +50,7 @@ from .archive import _metadata_member as _metadata_member
 from .archive import _read_archive as _read_archive
 from .forks import PROVISION as PROVISION
 from .forks import fork as fork
+from .paused import from_checkpoint as from_checkpoint
 from .programs import _EXTRACTOR as _EXTRACTOR
 from .programs import _HASHER as _HASHER
 from .programs import _MARK as _MARK

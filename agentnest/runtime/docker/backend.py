@@ -29,7 +29,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -43,6 +43,8 @@ from ...errors import (
     ImageNotFoundError,
     MissingDependencyError,
     RuntimeNotAvailableError,
+    SandboxDestroyedError,
+    SnapshotError,
     UnsupportedCapabilityError,
 )
 from ...policy import NetworkMode
@@ -413,6 +415,7 @@ class DockerBackend(RuntimeBackend):
                         checkpoint.create(self.api, cid, checkpoint.PAUSE_NAME)
                     freeze.checkpointed = True
                     freeze.count += 1
+                    self._record(handle, paused=True)
             if not to_disk:
                 # Through the engine: `docker ps` and inspect then say "paused".
                 self._hold(handle, fast=False)
@@ -433,6 +436,7 @@ class DockerBackend(RuntimeBackend):
                 freeze.count -= 1
                 freeze.checkpointed = False
             freeze.user = False
+            self._record(handle, paused=False)
             # The checkpoint stays until the next pause or the container's
             # removal (one per container): a restore that fails later, in
             # runsc, can still be looked into.
@@ -471,13 +475,25 @@ class DockerBackend(RuntimeBackend):
                 # Held while stopped: the workspace clone's freeze is then a no-op.
                 freeze.count += 1
                 freeze.checkpointed = True
+            back: list[_Background] = []
+
+            def restore_parent() -> None:
+                # Called once the child's workspace is cloned: from then on the
+                # parent may run again, restored while the child is (runsc's
+                # two restores, about a second each here, overlap).
+                if not back:
+                    back.append(_Background(lambda: self._restore(parent, checkpoint.FORK_NAME)))
+
             try:
                 source = checkpoint.directory(self.engine_info(), cid, checkpoint.FORK_NAME)
-                child = self._create(config, parent, restore_from=source)
+                child = self._create(config, parent, restore_from=source, after_clone=restore_parent)
             finally:
                 try:
                     # The parent comes back whatever became of the child.
-                    self._restore(parent, checkpoint.FORK_NAME)
+                    if back:
+                        back[0].result()
+                    else:
+                        self._restore(parent, checkpoint.FORK_NAME)
                 finally:
                     with freeze.lock:
                         freeze.count -= 1
@@ -491,6 +507,95 @@ class DockerBackend(RuntimeBackend):
             and storage.local_engine(self.spec.docker_host)
             and checkpoint.supported(self.engine_info())
         )
+
+    def _record(self, handle: SandboxHandle, *, paused: bool) -> None:
+        """Keep (or update) the record another process resumes this sandbox from (see :mod:`.checkpoint`)."""
+        config = handle.info.get("config")
+        if not isinstance(config, SandboxConfig):
+            return
+        try:
+            checkpoint.write_record(
+                handle.id,
+                {
+                    "sandbox_id": handle.id,
+                    "backend": self.name,
+                    "container": handle.info["container"],
+                    "deadline": handle.deadline,
+                    "paused": paused,
+                    "owner": labels.owner(),
+                    "agent_pid": handle.info.get("agent_pid"),
+                    "reconnect_ids": handle.info.get("reconnect_ids"),
+                    "workspace": handle.info.get("workspace_name"),
+                    "config": checkpoint.config_record(config),
+                },
+            )
+        except OSError as exc:
+            raise BackendError(f"could not record the paused sandbox {handle.id}: {exc.strerror}") from None
+
+    def attach_paused(self, sandbox_id: str) -> tuple[SandboxHandle, SandboxConfig]:
+        if Capability.PAUSE not in self.capabilities() or not self.checkpoints():
+            raise UnsupportedCapabilityError(
+                "only gVisor on a local Docker engine in experimental mode pauses sandboxes to disk "
+                "(`make engine` sets it); nothing to resume here"
+            )
+        record = checkpoint.read_record(sandbox_id)
+        if not record.get("paused"):
+            raise BackendError(
+                f"sandbox {sandbox_id} is not paused to disk (it was resumed, perhaps by another process); "
+                "a running sandbox cannot be taken over"
+            )
+        config = checkpoint.config_from_record(record.get("config"))
+        deadline, cid = record.get("deadline"), record.get("container")
+        if not isinstance(deadline, (int, float)) or not isinstance(cid, str):
+            raise SnapshotError(f"the record of sandbox {sandbox_id} is corrupt", rule="checkpoint")
+        import docker.errors
+
+        with map_docker_errors("looking for the paused sandbox"):
+            try:
+                found = self.api.inspect_container(cid)
+            except docker.errors.NotFound:
+                checkpoint.remove_record(sandbox_id)
+                raise SandboxDestroyedError(
+                    f"sandbox {sandbox_id}'s container is gone (destroyed or pruned)"
+                ) from None
+        tags = found.get("Config", {}).get("Labels") or {}
+        if tags.get(labels.SANDBOX) != sandbox_id or tags.get(labels.MANAGED) != "true":
+            raise SnapshotError(
+                f"the record of sandbox {sandbox_id} names another container", rule="checkpoint"
+            )
+        if found.get("State", {}).get("Running"):
+            raise BackendError(f"sandbox {sandbox_id} is running, not paused: another process resumed it")
+        if deadline <= time.time():
+            raise SandboxDestroyedError(
+                f"sandbox {sandbox_id} reached its deadline while paused; `agentnest prune` removes it"
+            )
+        env = dict(e.split("=", 1) for e in found.get("Config", {}).get("Env") or () if "=" in e)
+        info: dict[str, Any] = {
+            "container": cid,
+            "user": config.user,
+            "workdir": config.workdir,
+            "env": env,
+            "config": config,
+            "agent_pid": record.get("agent_pid"),
+            "reconnect_ids": record.get("reconnect_ids"),
+            "image": found.get("Config", {}).get("Image", config.image),
+        }
+        name = record.get("workspace")
+        pool = self.storage_pool()
+        if isinstance(name, str) and config.limits.workspace_medium == "disk":
+            if pool is None:
+                raise RuntimeNotAvailableError(
+                    f"sandbox {sandbox_id}'s workspace is in the storage pool, which is not mounted; "
+                    "`agentnest setup` mounts it again"
+                )
+            info.update(workspace_pool=pool, workspace_name=name, workspace_path=pool.path(name))
+        freeze = _Freeze()
+        freeze.user = freeze.checkpointed = True
+        freeze.count = 1
+        info["freeze"] = freeze
+        handle = SandboxHandle(id=sandbox_id, backend=self.name, deadline=float(deadline), info=info)
+        self._record(handle, paused=True)  # this process owns it now (prune --orphans)
+        return handle, config
 
     def _restore(self, handle: SandboxHandle, name: str) -> None:
         """Start the stopped container from checkpoint ``name``; its new stream waits in the handle."""
@@ -579,6 +684,7 @@ class DockerBackend(RuntimeBackend):
         restore_from: Path | None = None,
         *,
         spare: bool = False,
+        after_clone: Callable[[], None] | None = None,
     ) -> SandboxHandle:
         allowlist = config.network.mode is NetworkMode.ALLOWLIST
         if allowlist and Capability.EGRESS_DOMAINS not in self.capabilities():
@@ -616,12 +722,14 @@ class DockerBackend(RuntimeBackend):
                 workspace_from,
                 restore_from,
                 slot=spare,
+                after_clone=after_clone,
             )
         except BaseException:
             if topology is not None:
                 self._teardown_egress(topology, proxy_start)
             raise
         handle.info.update(image_info)
+        handle.info["config"] = config  # what the caller asked for: a pause-to-disk record keeps it
         if topology is not None:
             handle.info["egress_topology"] = topology
             handle.info["egress"] = topology.log
@@ -716,6 +824,7 @@ class DockerBackend(RuntimeBackend):
         restore_from: Path | None = None,
         *,
         slot: bool = False,
+        after_clone: Callable[[], None] | None = None,
     ) -> SandboxHandle:
         uid, _, gid = config.user.partition(":")
         gid = gid or uid
@@ -758,6 +867,8 @@ class DockerBackend(RuntimeBackend):
                 # the child gets exactly the parent's files at that instant.
                 with self.frozen(workspace_from):
                     path = pool.clone(workspace_from.info["workspace_name"], sandbox_id, limits.workspace)
+                if after_clone is not None:
+                    after_clone()
             if not slot:
                 handle_info.update(workspace_pool=pool, workspace_name=sandbox_id, workspace_path=path)
                 # A bind mount of the sandbox's own subvolume, nothing above it;
@@ -902,6 +1013,7 @@ class DockerBackend(RuntimeBackend):
         proxy_removal = _Background(topology.remove_proxy) if topology is not None else None
         try:
             self._remove_sandbox_container(handle)
+            checkpoint.remove_record(handle.id)
             # After the container: its bind mount pins the subvolume until then.
             _remove_workspace(handle.info)
         finally:

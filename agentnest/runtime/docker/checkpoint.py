@@ -15,18 +15,32 @@ container.  Two workarounds are needed, both explained where they are made:
 
 Only for an engine on this host (the checkpoint directory is read and
 written here) that reports ``ExperimentalBuild``.
+
+A sandbox paused to disk outlives the process that paused it: a *record*
+(:func:`write_record`) keeps what another process needs to resume it
+(``Sandbox.from_checkpoint``): its configuration, the agent's pid and the
+next request id, its workspace, its deadline, and who owns it now (so
+``prune --orphans`` leaves a resumable sandbox alone while its deadline
+runs).  Records live in :func:`record_dir`, root-only; the configuration in
+them holds the sandbox's environment, secrets included, as the engine's own
+container configuration does (``config.v2.json``, also root-only).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendError, SnapshotError
+from ...errors import BackendError, ConfigurationError, SandboxDestroyedError, SnapshotError
+from .. import storage
+
+if TYPE_CHECKING:
+    from ...config import SandboxConfig
 
 # ``api`` below is a docker.APIClient; the checkpoint endpoints have no
 # public docker-py method, so its request helpers (_post, _url...) are used,
@@ -155,3 +169,163 @@ def _text(response: Any) -> str:
     except ValueError:
         message = None
     return str(message or response.text or response.status_code)[:500]
+
+
+# -- records of sandboxes paused to disk ------------------------------------------------------
+
+#: The record format; a record of another version is refused (resume it with that version).
+RECORD_VERSION = 1
+_SANDBOX_ID = re.compile(r"^[0-9a-f]{12}$")
+_MAX_RECORD = 1 << 20
+
+
+def record_dir() -> Path:
+    """Where the records live: ``paused/`` beside the storage pool (``/var/lib/agentnest/paused``)."""
+    return Path(storage.pool_root()).parent / "paused"
+
+
+def _record_path(sandbox_id: str) -> Path:
+    if not isinstance(sandbox_id, str) or not _SANDBOX_ID.match(sandbox_id):
+        raise ConfigurationError(f"{sandbox_id!r:.80} is not a sandbox id (12 hex digits, as Sandbox.id)")
+    return record_dir() / f"{sandbox_id}.json"
+
+
+def write_record(sandbox_id: str, doc: dict[str, Any]) -> None:
+    """Write (or replace) the record of a sandbox paused to disk: root-only, atomically."""
+    path = _record_path(sandbox_id)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"version": RECORD_VERSION, **doc}, f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_record(sandbox_id: str) -> dict[str, Any]:
+    """The record of a sandbox paused to disk.
+
+    Raises:
+        SandboxDestroyedError: there is none (never paused to disk, resumed, or destroyed).
+        SnapshotError: it is unreadable or of another version.
+    """
+    path = _record_path(sandbox_id)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_RECORD + 1)
+    except FileNotFoundError:
+        raise SandboxDestroyedError(
+            f"no sandbox {sandbox_id} is paused to disk on this host (never paused with pause() on gVisor, "
+            "already resumed, or destroyed); `agentnest prune --dry-run` lists what is left"
+        ) from None
+    except OSError as exc:
+        raise SnapshotError(
+            f"the record of sandbox {sandbox_id} cannot be read: {exc.strerror}", rule="io"
+        ) from None
+    try:
+        doc = json.loads(raw) if len(raw) <= _MAX_RECORD else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or doc.get("sandbox_id") != sandbox_id:
+        raise SnapshotError(f"the record of sandbox {sandbox_id} ({path}) is corrupt", rule="checkpoint")
+    if doc.get("version") != RECORD_VERSION:
+        raise SnapshotError(
+            f"sandbox {sandbox_id} was paused by another AgentNest version (record version "
+            f"{doc.get('version')!r}, this one reads {RECORD_VERSION}); resume it with that version",
+            rule="checkpoint",
+        )
+    return doc
+
+
+def remove_record(sandbox_id: str) -> None:
+    """Forget the record (idempotent)."""
+    with contextlib.suppress(FileNotFoundError, ConfigurationError):
+        _record_path(sandbox_id).unlink()
+
+
+def recorded_owner(sandbox_id: str) -> str | None:
+    """Who owns a sandbox paused to disk now (``host:pid``), if it has a readable record."""
+    try:
+        owner = read_record(sandbox_id).get("owner")
+    except (SandboxDestroyedError, SnapshotError, ConfigurationError):
+        return None
+    return owner if isinstance(owner, str) else None
+
+
+def config_record(config: SandboxConfig) -> dict[str, Any]:
+    """``config`` as JSON data, for a record (:func:`config_from_record` reads it back)."""
+    from ...secrets import Secret
+
+    limits = config.limits
+    return {
+        "image": config.image,
+        "lifetime": config.lifetime,
+        "environment": {
+            k: (
+                {"secret": v.get_secret_value(), "as_file": v.as_file}
+                if isinstance(v, Secret)
+                else {"value": v}
+            )
+            for k, v in config.environment.items()
+        },
+        "workdir": config.workdir,
+        "network": config.network.mode.value,
+        "limits": {
+            "memory": limits.memory,
+            "cpus": limits.cpus,
+            "pids": limits.pids,
+            "gpus": limits.gpus,
+            "workspace": limits.workspace,
+            "scratch": limits.scratch,
+            "workspace_medium": limits.workspace_medium,
+        },
+        "read_only_root": config.read_only_root,
+        "user": config.user,
+        "labels": dict(config.labels),
+        "seccomp_profile": config.seccomp_profile,
+        "apparmor_profile": config.apparmor_profile,
+        "rootless": config.rootless,
+    }
+
+
+def config_from_record(doc: Any) -> SandboxConfig:
+    """The configuration a record holds.
+
+    Raises:
+        SnapshotError: the record's configuration is not one this version can build.
+    """
+    from ...config import ResourceLimits, SandboxConfig
+    from ...policy import NetworkPolicy
+    from ...secrets import Secret
+
+    try:
+        env: dict[str, str | Secret] = {}
+        for k, v in dict(doc["environment"]).items():
+            env[str(k)] = (
+                Secret(str(v["secret"]), as_file=bool(v["as_file"])) if "secret" in v else str(v["value"])
+            )
+        limits = dict(doc["limits"])
+        if doc["network"] != "denied":
+            raise ValueError("only network-denied sandboxes pause to disk")
+        return SandboxConfig(
+            image=str(doc["image"]),
+            lifetime=float(doc["lifetime"]),
+            environment=env,
+            workdir=str(doc["workdir"]),
+            network=NetworkPolicy.denied(),
+            limits=ResourceLimits(**{k: limits[k] for k in limits}),
+            read_only_root=bool(doc["read_only_root"]),
+            user=str(doc["user"]),
+            labels={str(k): str(v) for k, v in dict(doc["labels"]).items()},
+            seccomp_profile=doc["seccomp_profile"],
+            apparmor_profile=doc["apparmor_profile"],
+            rootless=bool(doc["rootless"]),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, ConfigurationError) as exc:
+        raise SnapshotError(
+            f"the paused sandbox's recorded configuration is unusable ({exc})", rule="checkpoint"
+        ) from None

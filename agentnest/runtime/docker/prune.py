@@ -22,15 +22,17 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import BackendError
+from ...errors import AgentNestError, BackendError
 from .. import storage
 from ..storage import StoragePool
-from . import labels
+from . import checkpoint, labels
 from .backend import map_docker_errors
 
 #: Why a resource was chosen, as ``PrunedResource.reason`` says it.
@@ -141,11 +143,17 @@ def prune(
         tags = tags or {}
         deadline = _parse_deadline(tags.get(labels.DEADLINE))
         owner = tags.get(labels.OWNER, "")
+        sid = tags.get(labels.SANDBOX, "")
+        record = _record(sid) if sid and kind == "container" else None
+        if record is not None:
+            # Paused to disk: resumable by any process until its deadline, and
+            # owned by whoever resumed it last (Sandbox.from_checkpoint).
+            owner = str(record.get("owner") or owner)
         if everything:
             reason = EVERYTHING
         elif deadline is not None and deadline < moment:
             reason = EXPIRED
-        elif orphans and owner and labels.owner_alive(owner) is False:
+        elif orphans and owner and labels.owner_alive(owner) is False and not (record or {}).get("paused"):
             reason = OWNER_GONE
         else:
             return None
@@ -246,6 +254,14 @@ def prune(
     ]
     volumes = sweep(found, lambda r: api.remove_volume(r.id))
 
+    if not dry_run:
+        # Records of paused sandboxes whose container is gone.
+        with contextlib.suppress(OSError):
+            for entry in os.listdir(checkpoint.record_dir()):
+                sid = entry.removesuffix(".json")
+                if entry.endswith(".json") and sid not in in_use and (sandbox is None or sid == sandbox):
+                    checkpoint.remove_record(sid)
+
     workspaces: tuple[PrunedResource, ...] = ()
     if pool is not None:
         # A workspace stays while its sandbox's container does (in_use).
@@ -271,6 +287,14 @@ def prune(
             except BackendError as exc:
                 errors.append(f"storage pool: {exc}")
     return PruneReport(containers, networks, volumes, tuple(errors), dry_run, workspaces)
+
+
+def _record(sandbox_id: str) -> dict[str, Any] | None:
+    """The pause-to-disk record of a sandbox, if it has a readable one."""
+    try:
+        return checkpoint.read_record(sandbox_id)
+    except AgentNestError:
+        return None
 
 
 def _extended(api: Any, cid: str, now: float) -> bool:

@@ -1,0 +1,74 @@
+"""Resuming a sandbox another process paused to disk: see :meth:`Sandbox.from_checkpoint`."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigurationError
+from ..runtime.registry import get_backend
+from .forks import PROVISION
+
+if TYPE_CHECKING:
+    from ..approvals import ApprovalHook
+    from ..config import SandboxConfig
+    from ..events import Observer
+    from ..policy import SecurityPolicy
+    from ..runtime.base import RuntimeBackend, SandboxHandle
+    from ..sandbox import Sandbox
+
+
+def from_checkpoint(
+    cls: type[Sandbox],
+    sandbox_id: str,
+    backend: str | RuntimeBackend,
+    security_policy: SecurityPolicy | None,
+    observers: Sequence[Observer],
+    approval_hook: ApprovalHook | None,
+) -> Sandbox:
+    """Restore sandbox ``sandbox_id`` from its pause checkpoint into a new ``cls`` object."""
+    runtime = get_backend(backend) if isinstance(backend, str) else backend
+    handle, recorded = runtime.attach_paused(sandbox_id)
+    if security_policy is not None and security_policy.network != recorded.network:
+        raise ConfigurationError(
+            f"sandbox {sandbox_id} has network {recorded.network.mode.value!r}; a policy with another "
+            "network cannot resume it (leave the policy's network as it is)"
+        )
+
+    def provision(asked: SandboxConfig) -> SandboxHandle:
+        # The sandbox is what it was: the caller's policy may judge it, not change it.
+        same = dataclasses.replace(asked, lifetime=recorded.lifetime, proxy_image=recorded.proxy_image)
+        if same != recorded:
+            raise ConfigurationError(
+                f"the security policy would change sandbox {sandbox_id} (its seccomp or AppArmor profile, "
+                "or rootless); resume it under the policy it was created with"
+            )
+        runtime.resume(handle)  # SnapshotError: it stays paused, and resumable
+        handle.info["attached"] = True
+        return handle
+
+    limits = recorded.limits
+    token = PROVISION.set(provision)
+    try:
+        return cls(
+            recorded.image,
+            max(1.0, handle.deadline - time.time()),
+            environment=dict(recorded.environment),
+            workdir=recorded.workdir,
+            memory=limits.memory,
+            cpus=limits.cpus,
+            pids=limits.pids,
+            gpus=limits.gpus,
+            workspace_size=limits.workspace,
+            workspace=limits.workspace_medium,
+            scratch_size=limits.scratch,
+            backend=runtime,
+            read_only_root=recorded.read_only_root,
+            security_policy=security_policy,
+            observers=observers,
+            approval_hook=approval_hook,
+        )
+    finally:
+        PROVISION.reset(token)
