@@ -100,18 +100,25 @@ def _run(argv: list[str], what: str) -> str:
     return done.stdout
 
 
-def _is_btrfs(path: str) -> bool:
-    """True when ``path`` is the root of a mounted btrfs filesystem (or subvolume)."""
+def _mount_of(path: str) -> tuple[str, str] | None:
+    """``(filesystem type, source)`` of what is mounted at ``path`` (per /proc/self/mountinfo), or None."""
+    found: tuple[str, str] | None = None
     try:
         with open("/proc/self/mountinfo", encoding="utf-8") as f:
             for line in f:
                 fields = line.split()
                 sep = fields.index("-") if "-" in fields else -1
-                if sep > 4 and fields[4] == path and fields[sep + 1] == "btrfs":
-                    return True
+                if sep > 4 and len(fields) > sep + 2 and fields[4] == path:
+                    found = (fields[sep + 1], fields[sep + 2])  # the last one is on top
     except OSError:
-        return False
-    return False
+        return None
+    return found
+
+
+def _is_btrfs(path: str) -> bool:
+    """True when ``path`` is the root of a mounted btrfs filesystem (or subvolume)."""
+    mount = _mount_of(path)
+    return mount is not None and mount[0] == "btrfs"
 
 
 def local_engine(docker_host: str | None) -> bool:
@@ -381,18 +388,14 @@ class StoragePool:
 
     def backing_file(self) -> Path | None:
         """The loop file the pool lives on (what it costs the host's disk), if it is one."""
-        try:
-            with open("/proc/self/mountinfo", encoding="utf-8") as f:
-                for line in f:
-                    fields = line.split()
-                    sep = fields.index("-") if "-" in fields else -1
-                    if sep > 4 and fields[4] == str(self.root) and fields[sep + 2].startswith("/dev/loop"):
-                        loop = fields[sep + 2].rsplit("/", 1)[-1]
-                        text = Path(f"/sys/block/{loop}/loop/backing_file").read_text().strip()
-                        return Path(text) if text else None
-        except (OSError, IndexError):
+        mount = _mount_of(str(self.root))
+        if mount is None or not mount[1].startswith("/dev/loop"):
             return None
-        return None
+        try:
+            text = Path(f"/sys/block/{mount[1].rsplit('/', 1)[-1]}/loop/backing_file").read_text().strip()
+        except OSError:
+            return None
+        return Path(text) if text else None
 
     def status(self) -> PoolStatus:
         total, free = self.capacity()
@@ -420,6 +423,9 @@ def human_size(n: int) -> str:
 
 
 _found: dict[str, StoragePool | None] = {}
+#: When a pool that was not there is looked for again (monotonic seconds), per root.
+_missing: dict[str, float] = {}
+_LOOK_AGAIN = 5.0
 
 
 def pool_root() -> str:
@@ -437,9 +443,14 @@ def find_pool(root: str | None = None) -> StoragePool | None:
     pool = _found.get(root)
     if pool is not None:
         return pool
+    # Not found is asked again only after a while: every capabilities()
+    # call looks for the pool, and a probe reads mountinfo (and may run btrfs).
+    if time.monotonic() < _missing.get(root, 0.0):
+        return None
     if probe(root).ready:
         pool = _found[root] = StoragePool(root)
         return pool
+    _missing[root] = time.monotonic() + _LOOK_AGAIN
     return None
 
 
@@ -511,10 +522,12 @@ def setup(
         status = probe(root)
         if status.ready:
             _found.pop(root, None)
+            _missing.pop(root, None)
             return status, steps
     _run([btrfs, "quota", "enable", root], "enabling quotas")
     steps.append("enabled quotas")
     for sub in ("ws", "snap", "slot"):
         (Path(root) / sub).mkdir(mode=0o711, exist_ok=True)
     _found.pop(root, None)
+    _missing.pop(root, None)
     return probe(root), steps

@@ -75,13 +75,18 @@ def _call(sandbox: Sandbox, path: Path, rel: str, fn: Callable[[Workspace], T]) 
     try:
         return True, worker.submit(job).result()
     except FileError as exc:  # the agent's codes and messages, as the channel would carry them
-        if exc.code == "not_found":
-            # Not on the host is not always not in the sandbox: gVisor keeps
-            # FIFOs and sockets made inside in its own kernel.  The agent decides.
+        if exc.code == "not_found" and sandbox.backend.workspace_path(sandbox.handle, complete=True) is None:
+            # Not on the host is not always not in the sandbox (gVisor keeps
+            # FIFOs and sockets made inside in its own kernel): the agent decides.
             return False, None
         if exc.code == "too_large":
             raise FileTooLargeError(exc.message, path=rel) from None
         raise FileAccessError(exc.message, path=rel, code=exc.code) from None
+    except OSError:
+        # Not one of the agent's file errors: the workspace itself is out of
+        # reach here (the sandbox being destroyed meanwhile, say).  The channel
+        # tells the caller what became of the sandbox.
+        return False, None
 
 
 def read(sandbox: Sandbox, rel: str, max_bytes: int) -> bytes | None:

@@ -9,6 +9,7 @@ The fakes stand in for what the pool touches of a ``Sandbox``: ``destroy``,
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import subprocess
 import threading
@@ -32,6 +33,7 @@ from agentnest import (
 )
 from agentnest.errors import ChannelError
 from agentnest.pool import CLEAN_SCRIPT
+from agentnest.runtime.docker.egress import EgressLog
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -295,11 +297,15 @@ def test_clean_closes_sessions_and_forgets_the_network_log(
         first = fake(sandbox)
         first.hello = SimpleNamespace(capabilities=frozenset({"session", "session-names"}))
         first.sessions_left = [1, 2]
-        log = SimpleNamespace(_events=[{"host": "example.com"}], _lock=threading.Lock())
+        log = EgressLog(first.id)
+        line = {"type": "egress.allowed", "host": "example.com", "port": 443, "address": "10.0.0.5"}
+        extra = {"reason": "allowed", "bytes_up": 1, "bytes_down": 2, "duration": 0.1, "time": 1.0}
+        log.feed_line(json.dumps({**line, **extra}).encode())
+        assert log.log() != []
         first.handle.info["egress"] = log
     wait_until(lambda: pool.stats.idle == 1, "the reset")
     assert first.closed_sessions == [1, 2] and first.sessions_left == []
-    assert log._events == []
+    assert log.log() == []
 
 
 def test_a_fresh_reset_spares_the_ping(pools: list[SandboxPool], factory: Factory) -> None:

@@ -156,6 +156,11 @@ class EgressLog:
 
         return unsubscribe
 
+    def clear(self) -> None:
+        """Forget every record kept so far (a pooled sandbox's next user starts with none)."""
+        with self._lock:
+            self._events.clear()
+
     def log(self) -> list[dict[str, Any]]:
         """The most recent events (up to ``size``), oldest first; copies."""
         with self._lock:
