@@ -274,7 +274,15 @@ class Sandbox:
                     "resolved_image": self._handle.info.get("image", config.image),
                     "backend": self._handle.backend,
                     "network": config.network.mode.value,
-                    **({"from_checkpoint": True} if attached else {}),
+                    **(
+                        {
+                            "from_checkpoint": True,
+                            # As resume() says it: False when a new agent replaced the restored one.
+                            "reconnected": not self._handle.info.pop("agent_replaced", False),
+                        }
+                        if attached
+                        else {}
+                    ),
                 },
             )
             self._watch_egress()
@@ -335,7 +343,9 @@ class Sandbox:
                     if not (attached and self._backend.is_running(self._handle)):
                         raise
                 # Restored, but its agent did not answer: a new one (its
-                # Python sessions are lost, the files and processes are not).
+                # Python sessions are lost, the files and processes are not;
+                # the sandbox.resumed event says so: reconnected False).
+                self._handle.info["agent_replaced"] = True
                 stream.close()
                 stream = self._backend.open_channel(self._handle)
             self._channel = Channel.connect(stream, bootstrap.bundle(), timeout=60.0)
@@ -1114,6 +1124,10 @@ class Sandbox:
             SnapshotError: its checkpoint or record is missing, corrupt, or from
                 another gVisor or AgentNest version (it stays paused).
             UnsupportedCapabilityError: the backend does not pause to disk.
+            BackendError: the sandbox runs: it was never paused to disk, or
+                another process resumed it.
+            ConfigurationError: ``sandbox_id`` is not a sandbox id, or the
+                policy would change the sandbox (its network, profiles, rootless).
             PolicyDeniedError: the policy refuses the sandbox as it is.
 
         .. versionadded:: 0.4.0

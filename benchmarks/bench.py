@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import gc
 import inspect
@@ -45,7 +46,7 @@ import tracemalloc
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 # Run from a checkout without installing: `python benchmarks/bench.py`.
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,10 +79,14 @@ from harness import (  # noqa: E402
     summary,
     timed,
 )
+from live import bench_live  # noqa: E402
 
 import agentnest  # noqa: E402
 from agentnest import Sandbox, SandboxPool, SecurityPolicy  # noqa: E402
+from agentnest.runtime.docker import DockerBackend  # noqa: E402
+from agentnest.runtime.registry import get_backend  # noqa: E402
 from agentnest.sandbox import default_image  # noqa: E402
+from agentnest.state import SPARES  # noqa: E402
 
 FILE_SIZE = 10 * MIB
 STDOUT_SIZE = 50 * 2**20  # 52428800 bytes
@@ -523,17 +528,16 @@ def bench_pool(backend: str, plan: Plan) -> list[Result]:
     ]
     results = [Result(backend, "P1", "pool acquire + exec", ours, target=Target("p50_le", 2.0), notes=notes)]
     results.append(_bench_pool_many(backend))
-    results.append(_bench_pool_back_to_back(backend, plan, None))
-    results.append(_bench_pool_back_to_back(backend, plan, "clean"))
+    results.append(_bench_pool_back_to_back(backend, plan))
     return results
 
 
-def _bench_pool_back_to_back(backend: str, plan: Plan, reset: Literal["clean"] | None) -> Result:
-    """P3: ``SandboxPool(factory, size=2)``, ``with pool.acquire()`` back to back; P3c: reset="clean".
+def _bench_pool_back_to_back(backend: str, plan: Plan) -> Result:
+    """P3: ``SandboxPool(factory, size=2)`` with its defaults (a clean reset after every use),
+    ``with pool.acquire()`` back to back.
 
     Issue 12's row, measured the same way with 0.3.0 (seed.py): each sample is one
     ``with pool.acquire() as sandbox: sandbox.exec_shell("true")``, the next starts at once.
-    P3 takes the pool's defaults, P3c reuses each sandbox after a clean reset.
     """
     ours = Series(f'with acquire(): exec_shell("true"), size {POOL_BURST_SIZE}', "ms")
     served: set[str] = set()
@@ -547,8 +551,7 @@ def _bench_pool_back_to_back(backend: str, plan: Plan, reset: Literal["clean"] |
             if not sandbox.exec_shell("true").ok:
                 raise RuntimeError("exec_shell('true') failed")
 
-    options: dict[str, Any] = {"reset": reset} if reset else {}
-    with SandboxPool(factory, size=POOL_BURST_SIZE, **options) as pool:
+    with SandboxPool(factory, size=POOL_BURST_SIZE) as pool:
         pool.start(wait=True)
         for _ in range(2 * POOL_BURST_SIZE):  # warm-up: code paths, and the first refills
             one()
@@ -558,18 +561,15 @@ def _bench_pool_back_to_back(backend: str, plan: Plan, reset: Literal["clean"] |
             ours.samples.append(timed(one))
         stats = pool.stats
     defaults = {k: v.default for k, v in inspect.signature(SandboxPool).parameters.items()}
-    settings = {**defaults, **options}
     notes = [
-        f"SandboxPool(factory, size={POOL_BURST_SIZE}, reset={settings['reset']!r}"
-        f"{'' if options else ' (its default)'}, max_uses={settings['max_uses']}); warm before the "
-        "first sample, never waited for after; "
+        f"SandboxPool(factory, size={POOL_BURST_SIZE}) with its defaults (reset={defaults['reset']!r}, "
+        f"max_uses={defaults['max_uses']}); warm before the first sample, never waited for after; "
         f"{len(served)} distinct sandboxes served; created {stats.created}, failed {stats.failed}",
     ]
-    key, name = ("P3c", ", reset='clean'") if reset else ("P3", "")
     return Result(
         backend,
-        key,
-        f"pool (size {POOL_BURST_SIZE}{name}), acquire back to back",
+        "P3",
+        f"pool (size {POOL_BURST_SIZE}), acquire back to back",
         ours,
         target=Target("p50_le", 5.0),  # issue 12: warm and clean every use
         notes=notes,
@@ -918,20 +918,32 @@ def _floor_fork(floor: Floor, reaper: Reaper, parent: Container) -> tuple[float,
 def bench_fork(backend: str, floor: Floor, plan: Plan) -> list[Result]:
     """F1, F100: ``fork()`` of a sandbox with 1 MiB and 100 MiB of workspace data.
 
+    With a disk workspace on runc the child is a warm spare (``Capability.WARM_FORK``)
+    that takes a copy-on-write snapshot of the parent's workspace: the spare is made
+    again in the background after each fork, and the loop waits for it between samples
+    (not timed), as P1 lets its pool get warm again.  A note gives the cold fork (no
+    spare: ``DockerSpec(warm_forks=False)``) and a bare ``Sandbox()``.
+
     Floor: ``docker commit`` of an equivalent container, a container from the committed
     image, and the workspace copied between them with ``tar`` over the engine's exec
-    streams.  The workspace is a tmpfs, which ``docker commit`` does not capture and the
-    archive API (``docker cp``, ``get_archive``) cannot read: it sees the empty mount point
-    in the container's layer, not the tmpfs (see line 4).
+    streams (``docker commit`` does not capture a tmpfs or bind mount).
     """
     results: list[Result] = []
+    shared = get_backend(backend)
+    cold_backend = (
+        DockerBackend(dataclasses.replace(shared.spec, warm_forks=False), name=backend)
+        if isinstance(shared, DockerBackend)
+        else shared
+    )
     for size in FORK_SIZES:
         n = plan.fork_small if size <= MIB else plan.fork_large
         label = f"{size // MIB} MiB"
         ours = Series(f"fork(), {label} workspace", "ms")
         base = Series("commit + run + tar pipe", "ms")
         creates: list[float] = []
+        colds: list[float] = []
         phases: list[list[float]] = []
+        warm = 0
         with Reaper() as reaper:
             parent = reaper.sandbox(backend, timeout=900)
             digest = _fill(parent, size)
@@ -941,31 +953,41 @@ def bench_fork(backend: str, floor: Floor, plan: Plan) -> list[Result]:
             if copied != digest:
                 raise RuntimeError("the fork's data differs from the parent's")
             for _ in range(n):
+                SPARES.wait_idle(120)  # the next spare is ready (or failed): not timed
+                warm += SPARES.ready() > 0
                 t0 = time.perf_counter()
                 child = parent.fork()
                 ours.samples.append(time.perf_counter() - t0)
                 child.destroy()
-                # The part no copy can avoid: creating a sandbox (same config, same engine).
+                # The part no copy can avoid without a spare: creating a sandbox.
                 t0 = time.perf_counter()
                 bare = reaper.sandbox(backend)
                 creates.append(time.perf_counter() - t0)
                 bare.destroy()
+            cold_parent = Sandbox(backend=cold_backend, timeout=900)
+            reaper.add(cold_parent.destroy)
+            _fill(cold_parent, size)
+            for _ in range(min(n, 3)):
+                t0 = time.perf_counter()
+                child = cold_parent.fork()
+                colds.append(time.perf_counter() - t0)
+                child.destroy()
             container = _floor_filled(floor, reaper, size)
             _floor_fork(floor, reaper, container)  # warm-up
             for _ in range(n):
                 total, parts = _floor_fork(floor, reaper, container)
                 base.samples.append(total)
                 phases.append(parts)
-        create50 = percentile(creates, 50) * 1e3
         notes = [
-            f"creating a sandbox alone (Sandbox() with the same config, no copy) p50 {create50:.0f} ms: "
-            f"the copy through the agent channels adds p50 {(ours.p50 or 0) - create50:.0f} ms",
+            f"{warm} of {n} samples took a warm spare; a cold fork (warm_forks=False) p50 "
+            f"{percentile(colds, 50) * 1e3:.0f} ms over {len(colds)}, a bare Sandbox() p50 "
+            f"{percentile(creates, 50) * 1e3:.0f} ms: what the spare saves",
             "floor by phase (p50): "
             + ", ".join(
                 f"{name} {percentile([p[i] for p in phases], 50) * 1e3:.0f} ms"
                 for i, name in enumerate(("docker commit", "run child", "tar pipe"))
             )
-            + "; it copies no more than ours (commit sees no tmpfs), validates nothing",
+            + "; it copies no more than ours (commit sees no mount), validates nothing",
         ]
         target = Target("p50_le", 100.0 if size <= MIB else 150.0)  # issue 12
         key = f"F{size // MIB}"
@@ -987,6 +1009,7 @@ def bench_snapshot(backend: str, floor: Floor, plan: Plan) -> list[Result]:
     rest = Series(f"restore(), {label}", "ms")
     snap_floor = Series("exec tar -c > host file", "ms")
     rest_floor = Series("host file > exec tar -x", "ms")
+    writes: list[float] = []
     with Reaper() as reaper, tempfile.TemporaryDirectory(prefix="agentnest-bench-") as tmp:
         path = Path(tmp) / "snap.tar"
         sandbox = reaper.sandbox(backend, timeout=900)
@@ -999,6 +1022,14 @@ def bench_snapshot(backend: str, floor: Floor, plan: Plan) -> list[Result]:
             snap.samples.append(timed(lambda: sandbox.snapshot(path)))
             rest.samples.append(timed(lambda: sandbox.restore(path)))
         size_on_disk = path.stat().st_size
+        # What no restore can avoid: writing the data into the workspace's file system.
+        where = sandbox.backend.workspace_path(sandbox.handle)
+        if where is not None:
+            payload = os.urandom(SNAP_SIZE)
+            target = where / ".bench-write-floor"
+            for _ in range(n):
+                writes.append(timed(lambda: target.write_bytes(payload)))
+                target.unlink()
         api = floor.client.api
         container = _floor_filled(floor, reaper, SNAP_SIZE)
         floor_path = Path(tmp) / "floor.tar"
@@ -1022,13 +1053,21 @@ def bench_snapshot(backend: str, floor: Floor, plan: Plan) -> list[Result]:
             rest_floor.samples.append(timed(floor_in))
     notes = [
         f"random data in one file; the snapshot file is {size_on_disk / MB:.1f} MB, written next to "
-        "its path and renamed; the host validates every member and hashes the payload (SHA-256)",
+        "its path and exchanged with the old one; the host validates every member and hashes the payload "
+        "(SHA-256, in a second thread); a disk workspace under 256 MiB is read live with the sandbox "
+        "frozen, by the tar writer in a thread of this process",
     ]
     rest_notes = [
-        "restore streams the file through the host's validation into the extractor (which validates "
-        "again) under flow control, stages it in the workspace and swaps it in; the floor extracts "
-        "over the old files in place",
+        "on a disk workspace the extractor (a process of the sandbox's user on the host) reads the "
+        "snapshot file itself and stages it while the host checks the file (rules, SHA-256) on the other "
+        "core, then swaps it in; elsewhere the file streams through the host's validation into the "
+        "extractor; the floor extracts over the old files in place",
     ]
+    if writes:
+        rest_notes.append(
+            f"writing {label} into a new file of the workspace from the host (no tar, no check) "
+            f"p50 {percentile(writes, 50) * 1e3:.0f} ms: the data a restore must write"
+        )
     return [
         Result(backend, "T1", f"snapshot, {label}", snap, snap_floor, Target("p50_le", 150.0), notes=notes),
         Result(
@@ -1100,6 +1139,7 @@ def run_backend(
         ("P", "pools", lambda: bench_pool(backend, plan)),
         ("F", "fork", lambda: bench_fork(backend, floor, plan)),
         ("T", "snapshot and restore", lambda: bench_snapshot(backend, floor, plan)),
+        ("L", "live state (gVisor)", lambda: bench_live(backend, floor, plan)),
         ("E", "egress allowlist", lambda: bench_egress(backend, plan)),
         ("D", "disk workspaces: host disk", lambda: bench_disk(backend, plan)),
     ]

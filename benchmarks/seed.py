@@ -42,7 +42,7 @@ ROWS: dict[str, Row] = {
     "T2": Row("T", "restore, 100 MiB", ("T2",)),
     "4w": Row("4", "write_file 10 MiB", ("4w",)),
     "4r": Row("4", "read_file 10 MiB", ("4r",)),
-    "P3": Row("P", "pool (size 2), acquire back to back", ("P3", "P3c")),
+    "P3": Row("P", "pool (size 2), acquire back to back", ("P3",)),
 }
 
 

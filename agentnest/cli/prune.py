@@ -24,6 +24,7 @@ examples:
   agentnest prune --dry-run          # show what would go
   agentnest prune                    # remove what has expired
   agentnest prune --orphans          # ... and what crashed processes left
+  agentnest prune --all --sandbox ID # one sandbox, whatever its state (a paused one, say)
 """
 
 
@@ -46,6 +47,9 @@ def register(commands: Commands) -> None:
         action="store_true",
         help="remove every AgentNest resource, even running ones",
     )
+    parser.add_argument(
+        "--sandbox", metavar="ID", help="only the resources of this sandbox (its id, as Sandbox.id)"
+    )
     parser.set_defaults(handler=handle)
 
 
@@ -67,6 +71,7 @@ def handle(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             orphans=args.orphans,
             everything=args.everything,
+            sandbox=args.sandbox,
             pool=backend.storage_pool(),
         )
     print(render(report, now))

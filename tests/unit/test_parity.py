@@ -88,7 +88,7 @@ def test_methods_are_awaited_except_iterators(sync: type, aio: type) -> None:
     for name in sorted(public_names(sync)):
         if kind(sync, name) not in ("method", "classmethod"):
             continue
-        if name in ("create", "from_snapshot"):
+        if name in ("create", "from_snapshot", "from_checkpoint"):
             continue  # awaitable async context managers, checked below
         assert is_async(aio, name) == (name not in ITERATORS), name
         if name in ITERATORS:
@@ -99,6 +99,11 @@ def test_methods_are_awaited_except_iterators(sync: type, aio: type) -> None:
 def test_create_takes_exactly_the_arguments_of_sandbox() -> None:
     assert params(AsyncSandbox.create) == params(Sandbox.__init__)
     creation = AsyncSandbox.create()  # nothing happens until it is awaited
+    assert hasattr(creation, "__await__") and hasattr(creation, "__aenter__")
+
+
+def test_from_checkpoint_is_an_awaitable_context_manager_like_create() -> None:
+    creation = AsyncSandbox.from_checkpoint("0123456789ab")  # nothing happens until it is awaited
     assert hasattr(creation, "__await__") and hasattr(creation, "__aenter__")
 
 

@@ -368,13 +368,17 @@ class DockerBackend(RuntimeBackend):
         except BackendError:
             return None
 
-    def workspace_path(self, handle: SandboxHandle, *, write: bool = False) -> Path | None:
+    def workspace_path(
+        self, handle: SandboxHandle, *, write: bool = False, complete: bool = False
+    ) -> Path | None:
         path = handle.info.get("workspace_path")
-        if write and self._is_gvisor():
+        if (write or complete) and self._is_gvisor():
             # gVisor's Sentry caches the tree of a bind mount: after renames on
             # the host (a restore's swap) it served stale entries (checked with
             # runsc 20221219), so the host only reads there; writes go through
             # the agent.  Reads are coherent: bind mounts are file-access=shared.
+            # FIFOs and sockets made inside exist only in the Sentry: the host's
+            # view is not complete.
             return None
         return path if isinstance(path, Path) else None
 
@@ -431,7 +435,20 @@ class DockerBackend(RuntimeBackend):
                 self._release(handle)
                 freeze.user = False
                 return False
-            self._restore(handle, checkpoint.PAUSE_NAME)  # SnapshotError: still paused, nothing lost
+            # One resume at a time, whichever process: the check that it is
+            # still stopped and the restore happen under a host-wide lock.
+            with checkpoint.resume_lock(handle.id):
+                with map_docker_errors("resuming the sandbox"):
+                    running = self.is_running(handle)
+                if running:
+                    # Another process resumed it meanwhile (Sandbox.from_checkpoint).
+                    # Not even attached: a second attachment's end would close the
+                    # stdin (StdinOnce) of the agent that process now talks to.
+                    raise BackendError(
+                        f"sandbox {handle.id} is running already: another process resumed it from its "
+                        "checkpoint (Sandbox.from_checkpoint); only that process can use it now"
+                    )
+                self._restore(handle, checkpoint.PAUSE_NAME)  # SnapshotError: still paused, nothing lost
             with freeze.lock:
                 freeze.count -= 1
                 freeze.checkpointed = False
@@ -538,7 +555,21 @@ class DockerBackend(RuntimeBackend):
                 "only gVisor on a local Docker engine in experimental mode pauses sandboxes to disk "
                 "(`make engine` sets it); nothing to resume here"
             )
-        record = checkpoint.read_record(sandbox_id)
+        try:
+            record = checkpoint.read_record(sandbox_id)
+        except SandboxDestroyedError:
+            # No record, but the sandbox may well be there, running (never
+            # paused to disk): "destroyed" would send the caller the wrong way.
+            with map_docker_errors("looking for the sandbox"):
+                running = self.api.containers(
+                    filters={"label": [f"{labels.MANAGED}=true", f"{labels.SANDBOX}={sandbox_id}"]}
+                )
+            if running:
+                raise BackendError(
+                    f"sandbox {sandbox_id} is running, not paused to disk: only a sandbox that pause() "
+                    "checkpointed (gVisor) can be resumed by from_checkpoint"
+                ) from None
+            raise
         if not record.get("paused"):
             raise BackendError(
                 f"sandbox {sandbox_id} is not paused to disk (it was resumed, perhaps by another process); "

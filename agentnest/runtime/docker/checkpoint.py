@@ -29,10 +29,12 @@ container configuration does (``config.v2.json``, also root-only).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
 PAUSE_NAME = "agentnest-pause"
 #: The checkpoint a live fork stops its parent into.
 FORK_NAME = "agentnest-fork"
+#: How to destroy a sandbox one has no object for (Sandbox.from_checkpoint failed).
+_ELSEWHERE = " (without its object: `agentnest prune --all --sandbox ID`)"
 #: The file runsc writes (and reads back) in a checkpoint directory.
 IMAGE_FILE = "checkpoint.img"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -89,6 +93,7 @@ def restore(api: Any, info: dict[str, Any], cid: str, name: str) -> None:
     Raises:
         SnapshotError: the checkpoint is missing, empty or refused by runsc
             (corrupt, truncated, or from another gVisor version).
+        BackendError: the container runs already (another process resumed it).
     """
     where = directory(info, cid, name)
     image = where / IMAGE_FILE
@@ -97,12 +102,12 @@ def restore(api: Any, info: dict[str, Any], cid: str, name: str) -> None:
     except OSError:
         raise SnapshotError(
             f"the checkpoint {name!r} of this sandbox is missing ({image}); its processes cannot be "
-            "restored: destroy() the sandbox (its workspace is in the storage pool until then)",
+            f"restored: destroy() the sandbox{_ELSEWHERE} (its workspace is in the storage pool until then)",
             rule="checkpoint",
         ) from None
     if size == 0:
         raise SnapshotError(
-            f"the checkpoint {name!r} of this sandbox is empty (truncated); destroy() the sandbox",
+            f"the checkpoint {name!r} of this sandbox is empty (truncated); destroy() it{_ELSEWHERE}",
             rule="checkpoint",
         )
     # Docker uploads the directory to containerd's content store before the
@@ -116,12 +121,20 @@ def restore(api: Any, info: dict[str, Any], cid: str, name: str) -> None:
     finally:
         os.close(fd)
     response = api._post(api._url("/containers/{0}/start", cid), params={"checkpoint": name})
+    if response.status_code == 304:
+        # "Not modified": the engine restored nothing, the container runs
+        # already (another process resumed it: Sandbox.from_checkpoint).
+        # Taking it as a success would give its agent a second host.
+        raise BackendError(
+            "the sandbox is running already: another process resumed it from its checkpoint "
+            "(Sandbox.from_checkpoint); only that process can use it now"
+        )
     if response.status_code >= 400:
         text = _text(response)
         raise SnapshotError(
             f"the sandbox could not be restored from its checkpoint {name!r} (corrupt, truncated, or "
-            f"written by another gVisor version?): {text}; destroy() it (its files stay in the pool "
-            "until then)",
+            f"written by another gVisor version?): {text}; destroy() it{_ELSEWHERE} (its files stay in "
+            "the pool until then)",
             rule="checkpoint",
         )
 
@@ -175,7 +188,7 @@ def _text(response: Any) -> str:
 
 #: The record format; a record of another version is refused (resume it with that version).
 RECORD_VERSION = 1
-_SANDBOX_ID = re.compile(r"^[0-9a-f]{12}$")
+_SANDBOX_ID = re.compile(r"[0-9a-f]{12}")  # fullmatch: "$" would take a trailing newline
 _MAX_RECORD = 1 << 20
 
 
@@ -185,7 +198,7 @@ def record_dir() -> Path:
 
 
 def _record_path(sandbox_id: str) -> Path:
-    if not isinstance(sandbox_id, str) or not _SANDBOX_ID.match(sandbox_id):
+    if not isinstance(sandbox_id, str) or not _SANDBOX_ID.fullmatch(sandbox_id):
         raise ConfigurationError(f"{sandbox_id!r:.80} is not a sandbox id (12 hex digits, as Sandbox.id)")
     return record_dir() / f"{sandbox_id}.json"
 
@@ -194,8 +207,10 @@ def write_record(sandbox_id: str, doc: dict[str, Any]) -> None:
     """Write (or replace) the record of a sandbox paused to disk: root-only, atomically."""
     path = _record_path(sandbox_id)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    # Unique per writer: two threads of one process (two from_checkpoint calls)
+    # sharing a name would rename each other's file away.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump({"version": RECORD_VERSION, **doc}, f)
@@ -242,9 +257,41 @@ def read_record(sandbox_id: str) -> dict[str, Any]:
 
 
 def remove_record(sandbox_id: str) -> None:
-    """Forget the record (idempotent)."""
-    with contextlib.suppress(FileNotFoundError, ConfigurationError):
-        _record_path(sandbox_id).unlink()
+    """Forget the record and its lock file (idempotent)."""
+    with contextlib.suppress(ConfigurationError):
+        path = _record_path(sandbox_id)
+        for name in (path, path.with_suffix(".lock")):
+            with contextlib.suppress(FileNotFoundError):
+                name.unlink()
+
+
+@contextlib.contextmanager
+def resume_lock(sandbox_id: str, wait: float = 120.0) -> Iterator[None]:
+    """Hold the host-wide lock of resuming sandbox ``sandbox_id`` (``flock`` on a file beside its record).
+
+    Two processes resuming one paused sandbox at once would each attach to its
+    container, and the loser's attachment, closed, would close the winner's
+    agent's stdin: with the lock, the second one finds it running and gives up.
+    Waits up to ``wait`` seconds (a restore takes a few).
+    """
+    path = _record_path(sandbox_id).with_suffix(".lock")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        until = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= until:
+                    raise BackendError(
+                        f"sandbox {sandbox_id} is being resumed by another process for over {wait:.0f} s"
+                    ) from None
+                time.sleep(0.05)  # another process holds it: poll for its release
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def recorded_owner(sandbox_id: str) -> str | None:

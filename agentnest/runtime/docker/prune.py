@@ -258,8 +258,12 @@ def prune(
         # Records of paused sandboxes whose container is gone.
         with contextlib.suppress(OSError):
             for entry in os.listdir(checkpoint.record_dir()):
-                sid = entry.removesuffix(".json")
-                if entry.endswith(".json") and sid not in in_use and (sandbox is None or sid == sandbox):
+                sid = entry.rpartition(".")[0]
+                if (
+                    entry.endswith((".json", ".lock"))
+                    and sid not in in_use
+                    and (sandbox is None or sid == sandbox)
+                ):
                     checkpoint.remove_record(sid)
 
     workspaces: tuple[PrunedResource, ...] = ()
