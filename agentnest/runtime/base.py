@@ -165,12 +165,13 @@ class RuntimeBackend(ABC):
     ) -> Path | None:
         """The live workspace's directory on this host, or ``None`` (the default).
 
-        With ``write``, only if what the host writes there is what the
-        sandbox then sees (not so where the sandbox's kernel caches the
-        directory tree, as gVisor's does).  With ``complete``, only if every
-        entry the sandbox sees is there (not so where FIFOs and sockets made
-        inside live in the sandbox's own kernel, as gVisor's do): then a name
-        the host cannot find is not in the sandbox either.
+        With ``write``, only if what the host writes there (files, and
+        directories it renames: a restore's swap) is what the sandbox then
+        sees, not so where the sandbox's kernel would keep a stale view of
+        the directory tree.  With ``complete``, only if every entry the
+        sandbox sees is there (not so where FIFOs and sockets made inside live
+        in the sandbox's own kernel, as gVisor's do): then a name the host
+        cannot find is not in the sandbox either.
 
         Only a backend whose workspace this process can reach directly (a
         local storage pool) returns one; callers then read, write, snapshot

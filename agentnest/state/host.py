@@ -350,7 +350,10 @@ def _host_python() -> str | None:
 
 
 def _host_workspace(sandbox: Sandbox, *, write: bool = False) -> Path | None:
-    """The sandbox's workspace directory on this host when the fast path applies, else ``None``."""
+    """The sandbox's workspace directory on this host when the fast path applies, else ``None``.
+
+    ``write``: the host writes there (see ``RuntimeBackend.workspace_path``).
+    """
     path = sandbox.backend.workspace_path(sandbox.handle, write=write)
     if path is None or _host_python() is None or not sandbox.config.user.replace(":", "").isdigit():
         return None

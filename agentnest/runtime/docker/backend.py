@@ -372,14 +372,15 @@ class DockerBackend(RuntimeBackend):
         self, handle: SandboxHandle, *, write: bool = False, complete: bool = False
     ) -> Path | None:
         path = handle.info.get("workspace_path")
-        if (write or complete) and self._is_gvisor():
-            # gVisor's Sentry caches the tree of a bind mount: after renames on
-            # the host (a restore's swap) it served stale entries (checked with
-            # runsc 20221219), so the host only reads there; writes go through
-            # the agent.  Reads are coherent: bind mounts are file-access=shared.
-            # FIFOs and sockets made inside exist only in the Sentry: the host's
-            # view is not complete.
+        if complete and self._is_gvisor():
+            # FIFOs and sockets made inside a gVisor sandbox exist only in its
+            # kernel (the Sentry): the host's view is not complete.  What the
+            # host writes there, files and directory renames (a restore's swap)
+            # alike, the sandbox sees at once: bind mounts are
+            # file-access=shared, and the Sentry revalidates each lookup
+            # (tests/integration/test_disk_workspace.py interleaves both sides).
             return None
+        del write  # coherent on runc and gVisor alike
         return path if isinstance(path, Path) else None
 
     @contextlib.contextmanager
