@@ -643,7 +643,7 @@ def _image_tag(tag: object) -> tuple[str, str]:
 
 
 def _add_tag(api: Any, image: str, repository: str, name: str) -> None:
-    from .runtime.docker.backend import map_docker_errors
+    from .runtime.docker.engine import map_docker_errors
 
     with map_docker_errors(f"tagging {image} as {repository}:{name}", image):
         # force: the name moves to this image if another had it, as `docker tag` does.

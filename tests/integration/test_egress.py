@@ -31,8 +31,7 @@ import pytest
 
 from agentnest import MemoryObserver, NetworkPolicy, Sandbox, Secret, SecurityPolicy
 from agentnest.approvals import ApprovalRequest
-from agentnest.runtime.docker import labels
-from agentnest.runtime.docker.backend import DockerBackend, DockerSpec
+from agentnest.runtime.docker import DockerBackend, DockerSpec, labels
 from agentnest.runtime.docker.prune import prune
 from agentnest.sandbox import default_image
 

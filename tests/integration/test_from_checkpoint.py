@@ -60,7 +60,7 @@ CREATOR = textwrap.dedent(
     import json, os
     from agentnest import Sandbox, Secret
     from agentnest.runtime.docker import labels
-    from agentnest.runtime.docker.backend import DockerBackend, DockerSpec
+    from agentnest.runtime.docker import DockerBackend, DockerSpec
     from agentnest.testing.wait import wait_until
 
     host = os.environ.get("AGENTNEST_TEST_CHECKPOINT_DOCKER_HOST") or None

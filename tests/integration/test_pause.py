@@ -25,8 +25,7 @@ from agentnest import (
     SnapshotError,
 )
 from agentnest.runtime.base import Capability
-from agentnest.runtime.docker import checkpoint
-from agentnest.runtime.docker.backend import DockerBackend, DockerSpec
+from agentnest.runtime.docker import DockerBackend, DockerSpec, checkpoint
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -255,7 +254,7 @@ def test_a_restored_sandbox_pauses_with_the_freezer_next_time(checkpointing: Doc
         sb.python_session(name="main").run("x = 41")
         sb.pause()
         sb.resume()
-        sb.pause()  # a second checkpoint would strand the task (see backend._ONCE)
+        sb.pause()  # a second checkpoint would strand the task (see live.ONCE)
         assert status(sb) == "paused" and frozen(sb)
         sb.resume()
         assert sb.python_session(name="main").run("x + 1").result == "42"

@@ -16,8 +16,7 @@ import pytest
 from agentnest.errors import ConfigurationError
 from agentnest.policy import NetworkPolicy
 from agentnest.runtime.base import Capability
-from agentnest.runtime.docker import labels
-from agentnest.runtime.docker.backend import DockerBackend, DockerSpec
+from agentnest.runtime.docker import DockerBackend, DockerSpec, labels
 from agentnest.runtime.docker.egress import (
     DEFAULT_SUBNETS,
     EgressLog,

@@ -24,33 +24,30 @@ security choice, explained where it is set):
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ...channel.streams import ByteStream, DockerMuxStream
 from ...config import SandboxConfig
 from ...errors import (
     BackendError,
-    ConfigurationError,
     ImageNotFoundError,
     MissingDependencyError,
     RuntimeNotAvailableError,
-    SandboxDestroyedError,
-    SnapshotError,
     UnsupportedCapabilityError,
 )
 from ...policy import NetworkMode
 from .. import bootstrap, mounts, storage
 from ..base import Capability, RuntimeBackend, SandboxHandle
 from . import checkpoint, egress, images, labels, seccomp
+from .engine import Background, map_docker_errors, missing_image_hint, raw_socket
+from .freeze import Freezer
+from .live import LiveState
+from .spec import DockerSpec
 
 if TYPE_CHECKING:
     import docker
@@ -62,128 +59,6 @@ _GVISOR_OVERHEAD = 48 * 2**20
 #: How long a warm container (create_spare) may wait to become a fork's child.
 SPARE_MAX_AGE = 300.0
 _CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-@dataclass(frozen=True, slots=True)
-class DockerSpec:
-    """Knobs of the Docker backend.
-
-    Attributes:
-        oci_runtime: ``runc`` (default), ``runsc`` (gVisor) or ``kata-runtime``;
-            must be registered with the engine.
-        docker_host: engine address; ``None`` reads ``DOCKER_HOST`` as the
-            Docker CLI does.
-        pull: try ``docker pull`` when an image is missing.
-        python: the interpreter in the image that runs the agent.
-        egress_hosts: host name -> IP address, used by the egress proxy
-            instead of DNS for those names (``NetworkPolicy.allowlist``
-            sandboxes).  The way tests and air-gapped setups point allowed
-            names at local servers.  A mapped name must still be on the
-            allowlist, and a private mapped address still needs a ``cidrs``
-            entry.  (May move to the policy later.)
-        egress_network: the network the egress proxy uses for its way out
-            (``bridge``: the engine's default bridge).
-        egress_subnets: the IPv4 range each allowlisted sandbox's internal
-            /29 is drawn from.
-        proxy_image: the image the egress proxy runs in (needs python3 >=
-            3.8); ``None`` is the default base image.
-        proxy_oci_runtime: the OCI runtime of the proxy container.
-        network_oci_runtime: the OCI runtime of allowlisted sandboxes, which
-            need a network interface; ``None`` means ``oci_runtime``, except
-            ``runsc`` (registered with ``--network=none``), which becomes
-            ``runsc-host`` (``--network=host`` inside the container's own
-            network namespace, as ``make engine`` registers it).
-        image_aliases: requested image -> local image the engine runs instead
-            (the policy judges the requested one); ``None`` reads
-            ``$AGENTNEST_IMAGE_ALIASES`` at each create (see :mod:`.images`).
-        storage: the mount point of the storage pool for disk workspaces
-            (``None``: ``$AGENTNEST_STORAGE`` or /var/lib/agentnest/storage;
-            ``""``: no disk workspaces).  Used only when the engine runs on
-            this host (a unix socket).
-        warm_forks: after a sandbox's first fork, keep one started container
-            of its configuration ready for the next (``Capability.WARM_FORK``:
-            runc, a local storage pool, a network-denied sandbox); ``False``
-            creates every child from scratch.  See docs/state.md.
-
-    .. versionchanged:: 0.4.0 the ``egress_*``, ``proxy_*``,
-       ``network_oci_runtime`` and ``image_aliases`` fields.
-    """
-
-    type: str = "docker"
-    oci_runtime: str = "runc"
-    docker_host: str | None = None
-    pull: bool = True
-    python: str = "python3"
-    # Not part of the hash (a mapping is not hashable); still compared.
-    egress_hosts: Mapping[str, str] = field(default_factory=dict, hash=False)
-    egress_network: str = "bridge"
-    egress_subnets: str = egress.DEFAULT_SUBNETS
-    proxy_image: str | None = None
-    proxy_oci_runtime: str = "runc"
-    network_oci_runtime: str | None = None
-    image_aliases: Mapping[str, str] | None = field(default=None, hash=False)
-    storage: str | None = None
-    warm_forks: bool = True
-
-    def __post_init__(self) -> None:
-        from ...egress.proxy import Rules
-
-        hosts: object = self.egress_hosts
-        if not isinstance(hosts, Mapping):
-            raise ConfigurationError(f"egress_hosts must map host names to addresses, not {hosts!r:.60}")
-        try:
-            Rules(hosts=dict(hosts))
-        except (ValueError, TypeError) as exc:
-            raise ConfigurationError(f"egress_hosts: {exc}; use {{'name.example': '10.0.0.5'}}") from None
-        object.__setattr__(self, "egress_hosts", MappingProxyType(dict(hosts)))
-        if self.image_aliases is not None:
-            object.__setattr__(self, "image_aliases", images.checked_image_aliases(self.image_aliases))
-
-    def allowlist_oci_runtime(self) -> str:
-        """The OCI runtime an allowlisted sandbox runs with (see ``network_oci_runtime``)."""
-        if self.network_oci_runtime:
-            return self.network_oci_runtime
-        return "runsc-host" if self.oci_runtime == "runsc" else self.oci_runtime
-
-
-@contextlib.contextmanager
-def map_docker_errors(what: str, image: str | None = None) -> Iterator[None]:
-    """Turn docker-py and connection errors into AgentNest's tree."""
-    import docker.errors
-    import requests.exceptions
-
-    try:
-        yield
-    except docker.errors.ImageNotFound:
-        raise ImageNotFoundError(_missing_image_hint(image or "?")) from None
-    except docker.errors.NotFound as exc:
-        raise BackendError(f"{what}: not found ({_explain(exc)})") from None
-    except docker.errors.APIError as exc:
-        raise BackendError(f"{what}: the engine refused: {_explain(exc)}") from None
-    except (requests.exceptions.ConnectionError, docker.errors.DockerException) as exc:
-        raise RuntimeNotAvailableError(
-            f"{what}: the Docker engine is not reachable ({str(exc)[:200]}); "
-            "start it (`make engine`, or `sudo systemctl start docker`) or set DOCKER_HOST"
-        ) from None
-
-
-def _explain(exc: Any) -> str:
-    text = getattr(exc, "explanation", None) or str(exc)
-    return str(text)[:500]
-
-
-def _missing_image_hint(image: str) -> str:
-    from .images import BASE_REPOSITORY
-
-    if image.startswith(BASE_REPOSITORY + ":"):
-        return (
-            f"image {image!r} is not built on this engine; build it offline with "
-            "`agentnest image base` (or `make image`)"
-        )
-    return (
-        f"image {image!r} is not on this engine and could not be pulled; pull or build it "
-        "(`docker pull IMAGE`, `docker build`), or use the default image built by `agentnest image base`"
-    )
 
 
 class DockerBackend(RuntimeBackend):
@@ -200,6 +75,8 @@ class DockerBackend(RuntimeBackend):
         # Why warm forks stopped working here (a slot's mount did not reach
         # its container), or None.
         self._warm_broken: str | None = None
+        self.freezer = Freezer(lambda: self.api)
+        self._live = LiveState(self)
 
     # -- engine --------------------------------------------------------------
 
@@ -383,318 +260,28 @@ class DockerBackend(RuntimeBackend):
         del write  # coherent on runc and gVisor alike
         return path if isinstance(path, Path) else None
 
-    @contextlib.contextmanager
-    def frozen(self, handle: SandboxHandle) -> Iterator[None]:
+    def frozen(self, handle: SandboxHandle) -> contextlib.AbstractContextManager[None]:
         # The freezer cgroup on runc, `runsc pause` on gVisor: every process
         # stops where it is, memory kept; nothing writes the workspace meanwhile.
         # Nested and concurrent freezes (parallel forks of one parent) share
-        # one pause: the first pauses, the last resumes.
-        # A user's pause() is one more holder (see pause), so a fork's unfreeze
-        # never resumes a sandbox its owner paused.
-        self._hold(handle)
-        try:
-            yield
-        finally:
-            self._release(handle)
+        # one pause; a user's pause() is one more holder (see .freeze).
+        return self.freezer.frozen(handle)
 
     def pause(self, handle: SandboxHandle) -> str:
-        # gVisor on an experimental local engine: a checkpoint to disk (the
-        # container stops, its memory is released); otherwise the freezer.
-        # Not while a fork holds the freezer, nor for allowlisted sandboxes
-        # (their proxy and network are not part of the checkpoint).
-        freeze = handle.info.setdefault("freeze", _Freeze())
-        with freeze.user_lock:
-            if freeze.user:
-                return "checkpoint" if freeze.checkpointed else "freezer"
-            with freeze.lock:
-                to_disk = (
-                    freeze.count == 0
-                    and handle.info.get("egress_topology") is None
-                    and not handle.info.get("checkpoint_restored")
-                    and self.checkpoints()
-                )
-                if to_disk:
-                    cid = handle.info["container"]
-                    checkpoint.delete(self.api, cid, checkpoint.PAUSE_NAME)  # a previous pause's
-                    with map_docker_errors("checkpointing the sandbox"):
-                        checkpoint.create(self.api, cid, checkpoint.PAUSE_NAME)
-                    freeze.checkpointed = True
-                    freeze.count += 1
-                    self._record(handle, paused=True)
-            if not to_disk:
-                # Through the engine: `docker ps` and inspect then say "paused".
-                self._hold(handle, fast=False)
-            freeze.user = True
-            return "checkpoint" if to_disk else "freezer"
+        return self._live.pause(handle)
 
     def resume(self, handle: SandboxHandle) -> bool:
-        freeze = handle.info.setdefault("freeze", _Freeze())
-        with freeze.user_lock:
-            if not freeze.user:
-                return False
-            if not freeze.checkpointed:
-                self._release(handle)
-                freeze.user = False
-                return False
-            # One resume at a time, whichever process: the check that it is
-            # still stopped and the restore happen under a host-wide lock.
-            with checkpoint.resume_lock(handle.id):
-                with map_docker_errors("resuming the sandbox"):
-                    running = self.is_running(handle)
-                if running:
-                    # Another process resumed it meanwhile (Sandbox.from_checkpoint).
-                    # Not even attached: a second attachment's end would close the
-                    # stdin (StdinOnce) of the agent that process now talks to.
-                    raise BackendError(
-                        f"sandbox {handle.id} is running already: another process resumed it from its "
-                        "checkpoint (Sandbox.from_checkpoint); only that process can use it now"
-                    )
-                self._restore(handle, checkpoint.PAUSE_NAME)  # SnapshotError: still paused, nothing lost
-            with freeze.lock:
-                freeze.count -= 1
-                freeze.checkpointed = False
-            freeze.user = False
-            self._record(handle, paused=False)
-            # The checkpoint stays until the next pause or the container's
-            # removal (one per container): a restore that fails later, in
-            # runsc, can still be looked into.
-            return True
+        return self._live.resume(handle)
 
     def create_live_fork(self, parent: SandboxHandle, config: SandboxConfig) -> SandboxHandle:
-        if Capability.LIVE_FORK not in self.capabilities():
-            raise UnsupportedCapabilityError(
-                "a live fork needs gVisor (runsc) on a local Docker engine in experimental mode "
-                "(`make engine` sets it; runc cannot: CRIU fails on this kernel); use fork(live=False)"
-            )
-        if self.workspace_path(parent) is None or config.limits.workspace_medium != "disk":
-            raise UnsupportedCapabilityError(
-                "a live fork needs a disk workspace (the default); use fork(live=False)"
-            )
-        if parent.info.get("egress_topology") is not None or config.network.mode is not NetworkMode.DENIED:
-            # The checkpoint holds the sandbox's sockets; a copy of them in a
-            # second network namespace is not something tested here.
-            raise UnsupportedCapabilityError(
-                "a live fork is only for network-denied sandboxes for now; use fork(live=False)"
-            )
-        if parent.info.get("checkpoint_restored"):
-            raise UnsupportedCapabilityError(_ONCE + "; use fork(live=False)")
-        freeze = parent.info.setdefault("freeze", _Freeze())
-        cid = parent.info["container"]
-        with freeze.user_lock:
-            with freeze.lock:
-                if freeze.count or freeze.user:
-                    raise UnsupportedCapabilityError(
-                        "the sandbox is frozen by another fork or snapshot right now; try again, "
-                        "or use fork(live=False)"
-                    )
-                checkpoint.delete(self.api, cid, checkpoint.FORK_NAME)  # a previous fork's
-                with map_docker_errors("checkpointing the sandbox for a live fork"):
-                    checkpoint.create(self.api, cid, checkpoint.FORK_NAME)
-                # Held while stopped: the workspace clone's freeze is then a no-op.
-                freeze.count += 1
-                freeze.checkpointed = True
-            back: list[_Background] = []
+        return self._live.create_live_fork(parent, config)
 
-            def restore_parent() -> None:
-                # Called once the child's workspace is cloned: from then on the
-                # parent may run again, restored while the child is (runsc's
-                # two restores, about a second each here, overlap).
-                if not back:
-                    back.append(_Background(lambda: self._restore(parent, checkpoint.FORK_NAME)))
-
-            try:
-                source = checkpoint.directory(self.engine_info(), cid, checkpoint.FORK_NAME)
-                child = self._create(config, parent, restore_from=source, after_clone=restore_parent)
-            finally:
-                try:
-                    # The parent comes back whatever became of the child.
-                    if back:
-                        back[0].result()
-                    else:
-                        self._restore(parent, checkpoint.FORK_NAME)
-                finally:
-                    with freeze.lock:
-                        freeze.count -= 1
-                        freeze.checkpointed = False
-        return child
+    def attach_paused(self, sandbox_id: str) -> tuple[SandboxHandle, SandboxConfig]:
+        return self._live.attach_paused(sandbox_id)
 
     def checkpoints(self) -> bool:
         """Whether this backend pauses its sandboxes through gVisor checkpoints (see :mod:`.checkpoint`)."""
-        return (
-            self._is_gvisor()
-            and storage.local_engine(self.spec.docker_host)
-            and checkpoint.supported(self.engine_info())
-        )
-
-    def _record(self, handle: SandboxHandle, *, paused: bool) -> None:
-        """Keep (or update) the record another process resumes this sandbox from (see :mod:`.checkpoint`)."""
-        config = handle.info.get("config")
-        if not isinstance(config, SandboxConfig):
-            return
-        try:
-            checkpoint.write_record(
-                handle.id,
-                {
-                    "sandbox_id": handle.id,
-                    "backend": self.name,
-                    "container": handle.info["container"],
-                    "deadline": handle.deadline,
-                    "paused": paused,
-                    "owner": labels.owner(),
-                    "agent_pid": handle.info.get("agent_pid"),
-                    "reconnect_ids": handle.info.get("reconnect_ids"),
-                    "workspace": handle.info.get("workspace_name"),
-                    "config": checkpoint.config_record(config),
-                },
-            )
-        except OSError as exc:
-            raise BackendError(f"could not record the paused sandbox {handle.id}: {exc.strerror}") from None
-
-    def attach_paused(self, sandbox_id: str) -> tuple[SandboxHandle, SandboxConfig]:
-        if Capability.PAUSE not in self.capabilities() or not self.checkpoints():
-            raise UnsupportedCapabilityError(
-                "only gVisor on a local Docker engine in experimental mode pauses sandboxes to disk "
-                "(`make engine` sets it); nothing to resume here"
-            )
-        try:
-            record = checkpoint.read_record(sandbox_id)
-        except SandboxDestroyedError:
-            # No record, but the sandbox may well be there, running (never
-            # paused to disk): "destroyed" would send the caller the wrong way.
-            with map_docker_errors("looking for the sandbox"):
-                running = self.api.containers(
-                    filters={"label": [f"{labels.MANAGED}=true", f"{labels.SANDBOX}={sandbox_id}"]}
-                )
-            if running:
-                raise BackendError(
-                    f"sandbox {sandbox_id} is running, not paused to disk: only a sandbox that pause() "
-                    "checkpointed (gVisor) can be resumed by from_checkpoint"
-                ) from None
-            raise
-        if not record.get("paused"):
-            raise BackendError(
-                f"sandbox {sandbox_id} is not paused to disk (it was resumed, perhaps by another process); "
-                "a running sandbox cannot be taken over"
-            )
-        config = checkpoint.config_from_record(record.get("config"))
-        deadline, cid = record.get("deadline"), record.get("container")
-        if not isinstance(deadline, (int, float)) or not isinstance(cid, str):
-            raise SnapshotError(f"the record of sandbox {sandbox_id} is corrupt", rule="checkpoint")
-        import docker.errors
-
-        with map_docker_errors("looking for the paused sandbox"):
-            try:
-                found = self.api.inspect_container(cid)
-            except docker.errors.NotFound:
-                checkpoint.remove_record(sandbox_id)
-                raise SandboxDestroyedError(
-                    f"sandbox {sandbox_id}'s container is gone (destroyed or pruned)"
-                ) from None
-        tags = found.get("Config", {}).get("Labels") or {}
-        if tags.get(labels.SANDBOX) != sandbox_id or tags.get(labels.MANAGED) != "true":
-            raise SnapshotError(
-                f"the record of sandbox {sandbox_id} names another container", rule="checkpoint"
-            )
-        if found.get("State", {}).get("Running"):
-            raise BackendError(f"sandbox {sandbox_id} is running, not paused: another process resumed it")
-        if deadline <= time.time():
-            raise SandboxDestroyedError(
-                f"sandbox {sandbox_id} reached its deadline while paused; `agentnest prune` removes it"
-            )
-        env = dict(e.split("=", 1) for e in found.get("Config", {}).get("Env") or () if "=" in e)
-        info: dict[str, Any] = {
-            "container": cid,
-            "user": config.user,
-            "workdir": config.workdir,
-            "env": env,
-            "config": config,
-            "agent_pid": record.get("agent_pid"),
-            "reconnect_ids": record.get("reconnect_ids"),
-            "image": found.get("Config", {}).get("Image", config.image),
-        }
-        name = record.get("workspace")
-        pool = self.storage_pool()
-        if isinstance(name, str) and config.limits.workspace_medium == "disk":
-            if pool is None:
-                raise RuntimeNotAvailableError(
-                    f"sandbox {sandbox_id}'s workspace is in the storage pool, which is not mounted; "
-                    "`agentnest setup` mounts it again"
-                )
-            info.update(workspace_pool=pool, workspace_name=name, workspace_path=pool.path(name))
-        freeze = _Freeze()
-        freeze.user = freeze.checkpointed = True
-        freeze.count = 1
-        info["freeze"] = freeze
-        handle = SandboxHandle(id=sandbox_id, backend=self.name, deadline=float(deadline), info=info)
-        self._record(handle, paused=True)  # this process owns it now (prune --orphans)
-        return handle, config
-
-    def _restore(self, handle: SandboxHandle, name: str) -> None:
-        """Start the stopped container from checkpoint ``name``; its new stream waits in the handle."""
-        cid = handle.info["container"]
-        with map_docker_errors("restoring the sandbox"):
-            # Attach before the start, as at create: no byte of the restored agent is lost.
-            wrapper = self.api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-        stream = DockerMuxStream(_raw_socket(wrapper), owner=wrapper, eof_marker=bootstrap.AGENT_EXITED)
-        try:
-            with map_docker_errors("restoring the sandbox"):
-                checkpoint.restore(self.api, self.engine_info(), cid, name)
-                pid = handle.info.get("agent_pid")
-                if isinstance(pid, int) and pid > 0:
-                    checkpoint.wake(self.api, cid, pid, handle.info["user"])
-        except BaseException:
-            stream.close()
-            raise
-        handle.info["stream"] = stream
-        handle.info["checkpoint_restored"] = True
-
-    def _hold(self, handle: SandboxHandle, *, fast: bool = True) -> None:
-        cid = handle.info["container"]
-        freeze = handle.info.setdefault("freeze", _Freeze())
-        with freeze.lock:
-            if freeze.count == 0:
-                freeze.how = self._pause(cid, fast=fast)
-            freeze.count += 1
-
-    def _release(self, handle: SandboxHandle) -> None:
-        cid = handle.info["container"]
-        freeze = handle.info.setdefault("freeze", _Freeze())
-        with freeze.lock:
-            freeze.count -= 1
-            if freeze.count == 0:
-                self._unpause(cid, freeze.how)
-
-    def _pause(self, cid: str, *, fast: bool = True) -> str:
-        """Freeze the container; return how (``"cgroup"`` or ``"docker"``), for :meth:`_unpause`.
-
-        On this host, the container's freezer cgroup directly: the same freezer
-        ``docker pause`` uses on runc, without two engine round trips (~2 ms
-        instead of 40-150 ms measured here; a fork or snapshot holds it for
-        milliseconds).  Else ``docker pause``, tried again a few times: runc's
-        cgroup-v1 freezer gives up ("unable to freeze") when a task does not stop
-        in time, e.g. one in uninterruptible sleep under heavy writeback
-        (measured here right after 100 MiB were written); a moment later it works.
-        """
-        import docker.errors
-
-        if fast and _cgroup_freeze(cid, True):
-            return "cgroup"
-        for attempt in range(6):
-            try:
-                self.api.pause(cid)
-                return "docker"
-            except docker.errors.APIError as exc:
-                if "unable to freeze" not in _explain(exc) or attempt == 5:
-                    with map_docker_errors("pausing the sandbox"):
-                        raise
-                time.sleep(0.02 * 2**attempt)  # backoff between retries: 20 ms to 320 ms
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _unpause(self, cid: str, how: str) -> None:
-        if how == "cgroup" and _cgroup_freeze(cid, False):
-            return
-        with map_docker_errors("resuming the sandbox"):
-            self.api.unpause(cid)
+        return self._live.checkpoints()
 
     @contextlib.contextmanager
     def frozen_workspace(self, handle: SandboxHandle) -> Iterator[Path]:
@@ -740,7 +327,7 @@ class DockerBackend(RuntimeBackend):
         lifetime = config.lifetime + (SPARE_MAX_AGE if spare else 0.0)
         deadline = created + lifetime
         topology: egress.EgressTopology | None = None
-        proxy_start: _Background | None = None
+        proxy_start: Background | None = None
         if allowlist:
             topology, proxy_start = self._start_egress(config, sandbox_id, created, deadline)
         try:
@@ -793,10 +380,10 @@ class DockerBackend(RuntimeBackend):
                 "engine's host has no AppArmor (the engine does not report it); use a host with AppArmor "
                 "or drop apparmor_profile; no sandbox was created"
             )
-        _custom_seccomp(config)  # unreadable or malformed: refused now, not by the engine
+        seccomp.custom_profile(config)  # unreadable or malformed: refused now, not by the engine
 
     def _security_opt(self, config: SandboxConfig) -> list[str]:
-        custom = _custom_seccomp(config)
+        custom = seccomp.custom_profile(config)
         opts = [
             "no-new-privileges:true",
             f"seccomp={custom or seccomp.profile_json(self._arch(), gvisor=self._is_gvisor())}",
@@ -807,7 +394,7 @@ class DockerBackend(RuntimeBackend):
 
     def _start_egress(
         self, config: SandboxConfig, sandbox_id: str, created: float, deadline: float
-    ) -> tuple[egress.EgressTopology, _Background]:
+    ) -> tuple[egress.EgressTopology, Background]:
         """Create the sandbox's internal network, and start its proxy in the background."""
         from .images import base_image
 
@@ -833,9 +420,9 @@ class DockerBackend(RuntimeBackend):
         topology.create_network()
         # The proxy and the sandbox container start at the same time; the
         # proxy's address is fixed in advance, so neither waits for the other.
-        return topology, _Background(topology.start_proxy)
+        return topology, Background(topology.start_proxy)
 
-    def _teardown_egress(self, topology: egress.EgressTopology, proxy_start: _Background | None) -> None:
+    def _teardown_egress(self, topology: egress.EgressTopology, proxy_start: Background | None) -> None:
         if proxy_start is not None:
             with contextlib.suppress(Exception):
                 proxy_start.result()
@@ -996,7 +583,7 @@ class DockerBackend(RuntimeBackend):
                 # Attach before start so the agent's first bytes are not lost.
                 wrapper = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
                 handle.info["stream"] = DockerMuxStream(
-                    _raw_socket(wrapper), owner=wrapper, eof_marker=bootstrap.AGENT_EXITED
+                    raw_socket(wrapper), owner=wrapper, eof_marker=bootstrap.AGENT_EXITED
                 )
                 if restore_from is None or workspace_from is None:
                     api.start(cid)
@@ -1034,7 +621,7 @@ class DockerBackend(RuntimeBackend):
                 workdir=handle.info["workdir"],
             )["Id"]
             wrapper = self.api.exec_start(exec_id, socket=True)
-        return DockerMuxStream(_raw_socket(wrapper), owner=wrapper)
+        return DockerMuxStream(raw_socket(wrapper), owner=wrapper)
 
     def destroy(self, handle: SandboxHandle) -> None:
         stream = handle.info.pop("stream", None)
@@ -1042,7 +629,7 @@ class DockerBackend(RuntimeBackend):
             stream.close()
         # ``egress`` (the event log) stays on the handle: it is readable after destroy.
         topology = handle.info.pop("egress_topology", None)
-        proxy_removal = _Background(topology.remove_proxy) if topology is not None else None
+        proxy_removal = Background(topology.remove_proxy) if topology is not None else None
         try:
             self._remove_sandbox_container(handle)
             checkpoint.remove_record(handle.id)
@@ -1190,104 +777,13 @@ class DockerBackend(RuntimeBackend):
             self._known_images.add(image)
             return
         except ImageNotFoundError:
-            if not self.spec.pull or image.startswith(_base_repository() + ":"):
+            if not self.spec.pull or image.startswith(images.BASE_REPOSITORY + ":"):
                 raise
         try:
-            repo, tag = _split_ref(image)
+            repo, tag = images.split_ref(image)
             self.api.pull(repo, tag=tag)
         except (docker.errors.APIError, docker.errors.DockerException, OSError):
-            raise ImageNotFoundError(_missing_image_hint(image)) from None
-
-
-#: Where a container's freezer lives: cgroup v1 (cgroupfs driver), v2 cgroupfs, v2 systemd.
-_FREEZERS = (
-    ("/sys/fs/cgroup/freezer/docker/{}/freezer.state", "FROZEN", "THAWED"),
-    ("/sys/fs/cgroup/docker/{}/cgroup.freeze", "1", "0"),
-    ("/sys/fs/cgroup/system.slice/docker-{}.scope/cgroup.freeze", "1", "0"),
-)
-
-
-def _cgroup_freeze(cid: str, on: bool) -> bool:
-    """Freeze (or thaw) container ``cid`` through its freezer cgroup; False where there is none.
-
-    Freezing waits until the kernel reports every task frozen (bounded: 2 s);
-    one that will not freeze is thawed again and False returned, so the caller
-    falls back to ``docker pause``.
-    """
-    if not all(c in "0123456789abcdef" for c in cid) or len(cid) != 64:
-        return False
-    for template, frozen, thawed in _FREEZERS:
-        path = template.format(cid)
-        if not os.path.exists(path):
-            continue
-        try:
-            with open(path, "w", encoding="ascii") as f:
-                f.write(frozen if on else thawed)
-            if not on:
-                return True
-            until = time.monotonic() + 2.0
-            while time.monotonic() < until:
-                if _is_frozen(path):
-                    return True
-                time.sleep(0.001)  # the kernel's freezing is asynchronous: poll its state
-            with open(path, "w", encoding="ascii") as f:
-                f.write(thawed)
-        except OSError:
-            return False
-        return False
-    return False
-
-
-def _is_frozen(path: str) -> bool:
-    if path.endswith("freezer.state"):
-        with open(path, encoding="ascii") as f:
-            return f.read().strip() == "FROZEN"
-    events = path.rsplit("/", 1)[0] + "/cgroup.events"
-    with open(events, encoding="ascii") as f:
-        return "frozen 1" in f.read()
-
-
-#: Why a container restored from a checkpoint is not checkpointed again.
-_ONCE = (
-    "this sandbox was restored from a gVisor checkpoint (a pause to disk or a live fork), and a second "
-    "checkpoint of it leaves its old task behind in containerd (Docker 20.10, runsc 20221219: the next "
-    "restore fails with 'id already in use'), so it pauses with the freezer and forks its files only"
-)
-
-
-class _Freeze:
-    """How many holders want a sandbox frozen right now (see ``DockerBackend.frozen``)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.count = 0
-        # Whether the owner's pause() is one of the holders; user_lock orders
-        # pause against resume (taken before ``lock``, never the other way).
-        self.user = False
-        self.user_lock = threading.Lock()
-        self.how = "docker"  # how the current freeze was made: thawed the same way
-        # The owner's pause is a gVisor checkpoint: the container is stopped.
-        self.checkpointed = False
-
-
-class _Background:
-    """Run ``fn`` in a thread now; ``result()`` joins it and re-raises its exception."""
-
-    def __init__(self, fn: Any) -> None:
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Any) -> None:
-        try:
-            fn()
-        except BaseException as exc:  # handed to the caller of result()
-            self._error = exc
-
-    def result(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+            raise ImageNotFoundError(missing_image_hint(image)) from None
 
 
 @contextlib.contextmanager
@@ -1306,29 +802,6 @@ def _explain_start_failure(image: str, python: str) -> Iterator[None]:
         raise
 
 
-def _base_repository() -> str:
-    from .images import BASE_REPOSITORY
-
-    return BASE_REPOSITORY
-
-
-def _split_ref(image: str) -> tuple[str, str | None]:
-    if "@" in image:
-        return image, None
-    name, sep, tag = image.rpartition(":")
-    if sep and "/" not in tag:
-        return name, tag
-    return image, "latest"
-
-
-def _raw_socket(obj: Any) -> socket.socket:
-    """The plain socket under docker-py's hijacked response wrapper."""
-    sock = getattr(obj, "_sock", obj)
-    if not isinstance(sock, socket.socket):
-        raise BackendError(f"unexpected attach stream type {type(sock).__name__}")
-    return sock
-
-
 def _remove_workspace(info: dict[str, Any]) -> None:
     """Delete a sandbox's disk workspace and its slot (idempotent: each name is dropped once done)."""
     pool = info.get("workspace_pool")
@@ -1343,29 +816,3 @@ def _remove_workspace(info: dict[str, Any]) -> None:
         pool.remove(name)
         del info["workspace_name"]
     info.pop("workspace_pool", None)
-
-
-def _custom_seccomp(config: SandboxConfig) -> str | None:
-    """The policy's own seccomp profile as compact JSON, or None for AgentNest's."""
-    profile = config.seccomp_profile
-    if profile is None:
-        return None
-    text = profile
-    if not profile.lstrip().startswith("{"):
-        # A path on this host, as `docker run --security-opt seccomp=FILE` reads it.
-        try:
-            text = Path(profile).expanduser().read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigurationError(
-                f"seccomp_profile {profile!r} cannot be read ({exc.strerror}); give a path to a "
-                "seccomp JSON file or the JSON itself"
-            ) from None
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ConfigurationError(f"seccomp_profile is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict) or "defaultAction" not in doc:
-        raise ConfigurationError(
-            "seccomp_profile must be a Docker seccomp profile (a JSON object with 'defaultAction')"
-        )
-    return json.dumps(doc, separators=(",", ":"))

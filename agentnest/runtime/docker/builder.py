@@ -57,7 +57,7 @@ from ...templates import (
     wheel_digests,
     wheel_files,
 )
-from .backend import map_docker_errors
+from .engine import map_docker_errors
 
 if TYPE_CHECKING:
     from ...templates import Template
@@ -94,15 +94,15 @@ def resolve_base(api: Any, base: str) -> str:
     """The ID of image ``base``, pulled first if it is missing (never the default image)."""
     import docker.errors
 
-    from .backend import _base_repository, _split_ref
+    from .images import BASE_REPOSITORY, split_ref
 
     try:
         with map_docker_errors("looking up the template's base image", base):
             return str(api.inspect_image(base)["Id"])
     except ImageNotFoundError:
-        if base.startswith(_base_repository() + ":"):
+        if base.startswith(BASE_REPOSITORY + ":"):
             raise
-    repo, tag = _split_ref(base)
+    repo, tag = split_ref(base)
     try:
         api.pull(repo, tag=tag)
     except (docker.errors.APIError, docker.errors.DockerException, OSError):

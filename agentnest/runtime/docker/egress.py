@@ -53,6 +53,7 @@ from ...errors import BackendError, ConfigurationError
 from ...policy import NetworkPolicy
 from ..bootstrap import DEADLINE_FILE
 from . import labels, seccomp
+from .engine import explain, map_docker_errors, raw_socket
 
 if TYPE_CHECKING:
     import docker
@@ -381,8 +382,6 @@ class EgressTopology:
         import docker.errors
         from docker.types import IPAMConfig, IPAMPool
 
-        from .backend import map_docker_errors
-
         pool = ipaddress.ip_network(self.subnets)
         if not isinstance(pool, ipaddress.IPv4Network) or pool.prefixlen > _PREFIX:
             raise ConfigurationError(
@@ -453,8 +452,6 @@ class EgressTopology:
         """Create, attach to and start the proxy container (not waiting for it to listen)."""
         import docker.types
 
-        from .backend import _raw_socket, map_docker_errors
-
         api = self.api
         host_config = api.create_host_config(
             mem_limit="128m",
@@ -506,7 +503,7 @@ class EgressTopology:
             api.connect_container_to_network(cid, self.egress_network)
         with map_docker_errors("starting the egress proxy", self.image):
             wrapper = api.attach_socket(cid, params={"stdout": 1, "stderr": 1, "stream": 1})
-            self._stream = DockerMuxStream(_raw_socket(wrapper), owner=wrapper)
+            self._stream = DockerMuxStream(raw_socket(wrapper), owner=wrapper)
             self._reader = threading.Thread(
                 target=read_events,
                 args=(self._stream, self.log),
@@ -545,8 +542,6 @@ class EgressTopology:
     def remove_network(self) -> None:
         import docker.errors
 
-        from .backend import map_docker_errors
-
         nid, self.network_id = self.network_id, None
         if nid is None:
             return
@@ -559,15 +554,13 @@ class EgressTopology:
                     return
                 except docker.errors.APIError as exc:
                     # An endpoint still being released by a container removal.
-                    if "active endpoints" not in _explain(exc) or attempt == 19:
+                    if "active endpoints" not in explain(exc) or attempt == 19:
                         raise
                     time.sleep(0.05)
 
 
 def _remove_container(api: Any, cid: str) -> None:
     import docker.errors
-
-    from .backend import map_docker_errors
 
     with map_docker_errors("removing the egress proxy container"):
         try:
@@ -577,10 +570,6 @@ def _remove_container(api: Any, cid: str) -> None:
         except docker.errors.APIError as exc:
             if exc.status_code != 409:  # removal already in progress
                 raise
-
-
-def _explain(exc: Any) -> str:
-    return str(getattr(exc, "explanation", None) or exc)
 
 
 __all__ = ["DEFAULT_SUBNETS", "PROXY_PORT", "EgressLog", "EgressTopology", "proxy_command"]

@@ -279,3 +279,13 @@ def resolve_image(
     if target is None:
         return config, info
     return dataclasses.replace(config, image=target), info
+
+
+def split_ref(image: str) -> tuple[str, str | None]:
+    """``(repository, tag)`` of an image reference, as ``docker pull`` takes them (no tag for a digest)."""
+    if "@" in image:
+        return image, None
+    name, sep, tag = image.rpartition(":")
+    if sep and "/" not in tag:
+        return name, tag
+    return image, "latest"

@@ -33,7 +33,7 @@ from ...errors import AgentNestError, BackendError
 from .. import storage
 from ..storage import StoragePool
 from . import checkpoint, labels
-from .backend import map_docker_errors
+from .engine import map_docker_errors
 
 #: Why a resource was chosen, as ``PrunedResource.reason`` says it.
 EXPIRED = "expired"

@@ -30,7 +30,13 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from ...config import SandboxConfig
 
 EPERM = 1
 ENOSYS = 38
@@ -176,3 +182,29 @@ def profile(arch: str = "x86_64", gvisor: bool = False) -> dict[str, Any]:
 @lru_cache(maxsize=4)
 def profile_json(arch: str = "x86_64", gvisor: bool = False) -> str:
     return json.dumps(profile(arch, gvisor), separators=(",", ":"))
+
+
+def custom_profile(config: SandboxConfig) -> str | None:
+    """The policy's own seccomp profile as compact JSON, or None for AgentNest's."""
+    profile = config.seccomp_profile
+    if profile is None:
+        return None
+    text = profile
+    if not profile.lstrip().startswith("{"):
+        # A path on this host, as `docker run --security-opt seccomp=FILE` reads it.
+        try:
+            text = Path(profile).expanduser().read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigurationError(
+                f"seccomp_profile {profile!r} cannot be read ({exc.strerror}); give a path to a "
+                "seccomp JSON file or the JSON itself"
+            ) from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"seccomp_profile is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or "defaultAction" not in doc:
+        raise ConfigurationError(
+            "seccomp_profile must be a Docker seccomp profile (a JSON object with 'defaultAction')"
+        )
+    return json.dumps(doc, separators=(",", ":"))
