@@ -83,6 +83,7 @@ from live import bench_live  # noqa: E402
 
 import agentnest  # noqa: E402
 from agentnest import Sandbox, SandboxPool, SecurityPolicy  # noqa: E402
+from agentnest.runtime.base import Capability  # noqa: E402
 from agentnest.runtime.docker import DockerBackend  # noqa: E402
 from agentnest.runtime.registry import get_backend  # noqa: E402
 from agentnest.sandbox import default_image  # noqa: E402
@@ -978,10 +979,19 @@ def bench_fork(backend: str, floor: Floor, plan: Plan) -> list[Result]:
                 total, parts = _floor_fork(floor, reaper, container)
                 base.samples.append(total)
                 phases.append(parts)
-        notes = [
+        caps = shared.capabilities()
+        how = (
             f"{warm} of {n} samples took a warm spare; a cold fork (warm_forks=False) p50 "
             f"{percentile(colds, 50) * 1e3:.0f} ms over {len(colds)}, a bare Sandbox() p50 "
-            f"{percentile(creates, 50) * 1e3:.0f} ms: what the spare saves",
+            f"{percentile(creates, 50) * 1e3:.0f} ms: what the spare saves"
+            if Capability.WARM_FORK in caps
+            else f"no warm spares here (gVisor's gofer never sees a mount made after the start); "
+            f"a bare Sandbox() p50 {percentile(creates, 50) * 1e3:.0f} ms"
+        )
+        if Capability.LIVE_FORK in caps:
+            how += "; fork() is live by default here (processes and sessions too: checkpoint and restore)"
+        notes = [
+            how,
             "floor by phase (p50): "
             + ", ".join(
                 f"{name} {percentile([p[i] for p in phases], 50) * 1e3:.0f} ms"
