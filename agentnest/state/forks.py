@@ -24,8 +24,13 @@ from .spares import SPARES
 log = logging.getLogger("agentnest.fork")
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ..approvals import ApprovalHook
     from ..config import SandboxConfig
-    from ..runtime.base import SandboxHandle
+    from ..events import Observer
+    from ..policy import SecurityPolicy
+    from ..runtime.base import RuntimeBackend, SandboxHandle
     from ..sandbox import Sandbox
 
 #: How the sandbox being constructed in this context gets its handle (and,
@@ -215,15 +220,38 @@ def _fork_live(parent: Sandbox, lifetime: float) -> Sandbox:
 
 def _create_like(parent: Sandbox, lifetime: float) -> Sandbox:
     """A new sandbox with the parent's configuration, backend and hooks."""
-    config = parent.config
     guard = parent._guard
+    return sandbox_of(
+        type(parent),
+        parent.config,
+        lifetime,
+        backend=parent.backend,
+        security_policy=guard.policy,
+        observers=guard.observers,
+        approval_hook=guard.approval_hook,
+        network_enabled=parent.config.network != guard.policy.network,
+    )
+
+
+def sandbox_of(
+    cls: type[Sandbox],
+    config: SandboxConfig,
+    lifetime: float,
+    *,
+    backend: RuntimeBackend,
+    security_policy: SecurityPolicy | None,
+    observers: Sequence[Observer],
+    approval_hook: ApprovalHook | None,
+    network_enabled: bool = False,
+) -> Sandbox:
+    """``cls(...)`` with what ``config`` says (under :data:`PROVISION`, the handle comes from there)."""
     limits = config.limits
-    return type(parent)(
+    return cls(
         config.image,
         lifetime,
         environment=dict(config.environment),
         workdir=config.workdir,
-        network_enabled=config.network != guard.policy.network,
+        network_enabled=network_enabled,
         memory=limits.memory,
         cpus=limits.cpus,
         pids=limits.pids,
@@ -231,9 +259,9 @@ def _create_like(parent: Sandbox, lifetime: float) -> Sandbox:
         workspace_size=limits.workspace,
         workspace=limits.workspace_medium,
         scratch_size=limits.scratch,
-        backend=parent.backend,
+        backend=backend,
         read_only_root=config.read_only_root,
-        security_policy=guard.policy,
-        observers=guard.observers,
-        approval_hook=guard.approval_hook,
+        security_policy=security_policy,
+        observers=observers,
+        approval_hook=approval_hook,
     )

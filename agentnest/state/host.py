@@ -66,7 +66,46 @@ def become(uid: int, gid: int) -> None:
         raise OSError("setfsuid/setfsgid did not take effect")
 
 
-class _LocalProgram(_Program):
+class _OnHost(_Program):
+    """What the programs run on this host share: their limits, kept here rather than by the agent.
+
+    The time limit (the same as through the channel), the output limit, and
+    the exit they end with.  The two drivers below differ only in where the
+    program runs: a process of its own, or a thread of this one.
+    """
+
+    def __init__(self, sandbox: Sandbox, *, max_output: int, budget: int) -> None:
+        self.sandbox = sandbox
+        self.err = bytearray()
+        self.exit = None
+        self._started = time.monotonic()
+        self._until = self._started + _timeout_for(budget)
+        self._max_output = max_output
+        self._sent = 0
+        self._over = False
+        self._timed_out = False
+
+    def _counted(self, data: bytes) -> bool:
+        """Count output; ``False`` once it passes the limit (the caller then cancels)."""
+        self._sent += len(data)
+        self._over = self._over or self._sent > self._max_output
+        return not self._over
+
+    def _ended(self, code: int, signal_number: int | None = None) -> None:
+        self.exit = RawExit(
+            code=code,
+            signal=signal_number,
+            timed_out=self._timed_out,
+            truncated=self._over,
+            cancelled=False,
+            duration=time.monotonic() - self._started,
+        )
+
+    def _truncated(self) -> bool:
+        return self._over
+
+
+class _LocalProgram(_OnHost):
     """The same program on this host, over the sandbox's workspace directory (the fast path).
 
     For a workspace in the local storage pool: no agent channel, so no
@@ -92,15 +131,7 @@ class _LocalProgram(_Program):
         cwd: Path,
         pass_fds: tuple[int, ...] = (),
     ) -> None:
-        self.sandbox = sandbox
-        self.err = bytearray()
-        self.exit = None
-        self._started = time.monotonic()
-        self._until = self._started + _timeout_for(budget)
-        self._max_output = max_output
-        self._sent = 0
-        self._over = False
-        self._timed_out = False
+        super().__init__(sandbox, max_output=max_output, budget=budget)
         uid, _, gid = sandbox.config.user.partition(":")
         python = _host_python()
         assert python is not None  # _host_workspace said so
@@ -149,9 +180,7 @@ class _LocalProgram(_Program):
                     self._sel.unregister(key.fileobj)
                     continue
                 if key.data == 1:
-                    self._sent += len(data)
-                    if self._sent > self._max_output:
-                        self._over = True
+                    if not self._counted(data):
                         self.cancel()
                         return b""
                     return data
@@ -186,20 +215,10 @@ class _LocalProgram(_Program):
                 with contextlib.suppress(OSError):
                     pipe.close()
         self._sel.close()
-        self.exit = RawExit(
-            code=code if code >= 0 else 128 - code,
-            signal=-code if code < 0 else None,
-            timed_out=self._timed_out,
-            truncated=self._over,
-            cancelled=False,
-            duration=time.monotonic() - self._started,
-        )
-
-    def _truncated(self) -> bool:
-        return self._over
+        self._ended(code if code >= 0 else 128 - code, -code if code < 0 else None)
 
 
-class _InProcess(_Program):
+class _InProcess(_OnHost):
     """A program run in a thread of this process, over a workspace directory on this host.
 
     For the tar writer (snapshots and downloads of a local disk workspace):
@@ -217,15 +236,7 @@ class _InProcess(_Program):
     def __init__(
         self, sandbox: Sandbox, program: str, args: dict[str, Any], *, max_output: int, budget: int, cwd: Path
     ) -> None:
-        self.sandbox = sandbox
-        self.err = bytearray()
-        self.exit = None
-        self._started = time.monotonic()
-        self._until = self._started + _timeout_for(budget)
-        self._max_output = max_output
-        self._sent = 0
-        self._over = False
-        self._timed_out = False
+        super().__init__(sandbox, max_output=max_output, budget=budget)
         self._code = 1
         uid, _, gid = sandbox.config.user.partition(":")
         self._r, self._w = os.pipe2(os.O_CLOEXEC)
@@ -291,9 +302,7 @@ class _InProcess(_Program):
             if not data:
                 self._reap()
                 break
-            self._sent += len(data)
-            if self._sent > self._max_output:
-                self._over = True
+            if not self._counted(data):
                 self.cancel()
                 return b""
             return data
@@ -311,17 +320,7 @@ class _InProcess(_Program):
             os.close(self._r)  # a writer still writing gets EPIPE and ends
         self._thread.join()
         self.err += self._note[:_ERR_MAX]
-        self.exit = RawExit(
-            code=self._code,
-            signal=None,
-            timed_out=self._timed_out,
-            truncated=self._over,
-            cancelled=False,
-            duration=time.monotonic() - self._started,
-        )
-
-    def _truncated(self) -> bool:
-        return self._over
+        self._ended(self._code)
 
 
 @lru_cache(maxsize=4)

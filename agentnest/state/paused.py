@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError
 from ..runtime.registry import get_backend
-from .forks import PROVISION
+from .forks import PROVISION, sandbox_of
 
 if TYPE_CHECKING:
     from ..approvals import ApprovalHook
@@ -49,23 +49,13 @@ def from_checkpoint(
         handle.info["attached"] = True
         return handle
 
-    limits = recorded.limits
     token = PROVISION.set(provision)
     try:
-        return cls(
-            recorded.image,
+        return sandbox_of(
+            cls,
+            recorded,
             max(1.0, handle.deadline - time.time()),
-            environment=dict(recorded.environment),
-            workdir=recorded.workdir,
-            memory=limits.memory,
-            cpus=limits.cpus,
-            pids=limits.pids,
-            gpus=limits.gpus,
-            workspace_size=limits.workspace,
-            workspace=limits.workspace_medium,
-            scratch_size=limits.scratch,
             backend=runtime,
-            read_only_root=recorded.read_only_root,
             security_policy=security_policy,
             observers=observers,
             approval_hook=approval_hook,

@@ -146,3 +146,26 @@ def need_storage_pool() -> StoragePool:
             pytest.fail(reason)
         pytest.skip(reason)
     return pool
+
+
+#: Every path, kind, mode, owner and content digest in the workspace (a tree fingerprint).
+TREE_LISTING = r"""
+import hashlib, os, stat
+for base, dirs, files in os.walk("."):
+    dirs.sort()
+    for name in sorted(dirs + files):
+        p = os.path.join(base, name)
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            print(p, "link", os.readlink(p))
+        elif stat.S_ISDIR(st.st_mode):
+            print(p, "dir", oct(st.st_mode & 0o777))
+        else:
+            h = hashlib.sha256(open(p, "rb").read()).hexdigest()[:16]
+            print(p, "file", oct(st.st_mode & 0o777), st.st_uid, st.st_size, h)
+"""
+
+
+def listing(sb: Sandbox) -> str:
+    """The workspace's tree fingerprint (:data:`TREE_LISTING`), as the sandbox sees it."""
+    return sb.exec_python(TREE_LISTING, timeout=60).check().stdout

@@ -30,7 +30,7 @@ from agentnest import (
     state,
 )
 
-from .helpers import container_of, need_storage_pool, owned_containers
+from .helpers import container_of, listing, need_storage_pool, owned_containers
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -64,26 +64,6 @@ def usage(sb: Sandbox, path: str | None = None, offsets: list[int] | None = None
 
 def sh(sb: Sandbox, script: str, timeout: float = 120) -> str:
     return sb.exec_shell(script, timeout=timeout).check().stdout
-
-
-def listing(sb: Sandbox) -> str:
-    """Every path, kind, mode and content digest in the workspace (a tree fingerprint)."""
-    code = r"""
-import hashlib, os, stat
-for base, dirs, files in os.walk("."):
-    dirs.sort()
-    for name in sorted(dirs + files):
-        p = os.path.join(base, name)
-        st = os.lstat(p)
-        if stat.S_ISLNK(st.st_mode):
-            print(p, "link", os.readlink(p))
-        elif stat.S_ISDIR(st.st_mode):
-            print(p, "dir", oct(st.st_mode & 0o777))
-        else:
-            h = hashlib.sha256(open(p, "rb").read()).hexdigest()[:16]
-            print(p, "file", oct(st.st_mode & 0o777), st.st_size, h)
-"""
-    return sb.exec_python(code, timeout=60).check().stdout
 
 
 FILL = r"""

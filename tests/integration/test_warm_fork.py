@@ -47,6 +47,7 @@ from agentnest.state.spares import _same
 from .helpers import (
     SANDBOX_UID,
     containers_of,
+    listing,
     need_storage_pool,
     owned_containers,
     spawn_host,
@@ -136,23 +137,6 @@ def host_mountinfo() -> str:
     return Path("/proc/self/mountinfo").read_text()
 
 
-#: Every path, kind, mode and content digest in the workspace (a tree fingerprint).
-LISTING = r"""
-import hashlib, os, stat
-for base, dirs, files in os.walk("."):
-    dirs.sort()
-    for name in sorted(dirs + files):
-        p = os.path.join(base, name)
-        st = os.lstat(p)
-        if stat.S_ISLNK(st.st_mode):
-            print(p, "link", os.readlink(p))
-        elif stat.S_ISDIR(st.st_mode):
-            print(p, "dir", oct(st.st_mode & 0o777))
-        else:
-            h = hashlib.sha256(open(p, "rb").read()).hexdigest()[:16]
-            print(p, "file", oct(st.st_mode & 0o777), st.st_uid, st.st_size, h)
-"""
-
 FILL = r"""
 set -e
 mkdir -p src/pkg data ro
@@ -162,10 +146,6 @@ head -c 300000 /dev/urandom > data/blob.bin && chmod 600 data/blob.bin
 ln -s ../src/main.py src/pkg/link.py
 printf 'inner' > ro/f && chmod 555 ro
 """
-
-
-def listing(sb: Sandbox) -> str:
-    return sb.exec_python(LISTING, timeout=60).check().stdout
 
 
 # -- the second fork is warm -------------------------------------------------------------------
