@@ -17,7 +17,7 @@ from typing import Any, TypeVar, overload
 from . import state as _state
 from ._aliases import either, renamed
 from .approvals import ApprovalHook, command_line
-from .channel.client import Channel, ExecHandle
+from .channel.client import STALL_AFTER, Channel, ExecHandle
 from .config import (
     Artifact,
     ExecutionChunk,
@@ -58,6 +58,8 @@ _BACKSTOP_GRACE = 10.0
 #: Base time allowed for a file operation, plus time per MiB.
 _FILE_BASE_WAIT = 30.0
 _FILE_WAIT_PER_MIB = 0.5
+#: Longest recursive remove; the agent's heartbeats show it is still at work.
+_REMOVE_WAIT = 3600.0
 #: Python code longer than this goes to the interpreter on stdin, not argv.
 _MAX_INLINE_CODE = 100 * 1024
 
@@ -973,7 +975,16 @@ class Sandbox:
         """Remove a file (or a directory tree with ``recursive=True``)."""
         rel = self._guard.workspace_path(path)
         self._guard.approve("file.remove", {"path": self._guard.absolute(rel), "recursive": recursive})
-        self._request({"t": "remove", "path": rel, "recursive": bool(recursive)})
+        try:
+            # A large tree takes a while: the agent removes it between turns of its
+            # loop and sends heartbeats meanwhile, so the wait is bounded by silence.
+            self._ch().request(
+                {"t": "remove", "path": rel, "recursive": bool(recursive)},
+                time.monotonic() + _REMOVE_WAIT,
+                stall=STALL_AFTER,
+            )
+        except ChannelError as exc:
+            raise self._lost(exc) from None
         self._guard.emit(EventType.FILE_REMOVED, {"path": rel})
 
     def upload_file(self, source: str | os.PathLike[str], destination: str | None = None) -> None:

@@ -311,6 +311,12 @@ class Workspace:
             os.close(pfd)
 
     def remove(self, rel: str, recursive: bool) -> None:
+        for _ in self.removing(rel, recursive):
+            pass
+
+    def removing(self, rel: str, recursive: bool) -> Iterator[None]:
+        """Remove ``rel``, yielding every few hundred entries of a tree (the agent's loop
+        goes on between them: heartbeats and other commands' output keep flowing)."""
         parts = split(rel)
         if not parts:
             raise FileError("invalid_path", "refusing to remove the workspace root")
@@ -324,7 +330,9 @@ class Workspace:
                     except OSError as exc:
                         raise _oserror(exc, rel) from None
                     return
-                _rmtree_at(pfd, parts[-1])
+                count = [0]
+                for _ in _rmtree_at(pfd, parts[-1], count):
+                    yield
             else:
                 os.unlink(parts[-1], dir_fd=pfd)
         except OSError as exc:
@@ -333,7 +341,11 @@ class Workspace:
             os.close(pfd)
 
 
-def _rmtree_at(pfd: int, name: str) -> None:
+#: Entries a recursive remove takes between two turns of the agent's loop.
+REMOVE_STEP = 256
+
+
+def _rmtree_at(pfd: int, name: str, count: List[int]) -> Iterator[None]:
     """Remove a directory tree through descriptors only, never following links."""
     dfd = open_dir(name, pfd)
     try:
@@ -342,9 +354,13 @@ def _rmtree_at(pfd: int, name: str) -> None:
             entries = list(it)
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
-                _rmtree_at(dfd, entry.name)
+                for _ in _rmtree_at(dfd, entry.name, count):
+                    yield
             else:
                 os.unlink(entry.name, dir_fd=dfd)
+            count[0] += 1
+            if count[0] % REMOVE_STEP == 0:
+                yield
     finally:
         os.close(dfd)
     os.rmdir(name, dir_fd=pfd)

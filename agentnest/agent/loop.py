@@ -63,6 +63,8 @@ class Agent:
         self.undumpable = False
         self.last_sent = time.monotonic()
         self._wake_r, self._wake_w = os.pipe()
+        # Long file operations in progress, by request id (see _step_jobs).
+        self.jobs: Dict[int, Any] = {}
         # Sessions are loaded on first use: the interpreter module is large,
         # and an idle sandbox's memory and start-up time are counted.
         self._sessions: Any = None
@@ -160,6 +162,7 @@ class Agent:
                         self._pump_stdin(owner)
                 else:
                     self._read_output(key.fd)
+            self._step_jobs()
             self._reap()
             self._check_deadlines()
             if self._sessions is not None:
@@ -169,9 +172,33 @@ class Agent:
 
     def _busy(self) -> bool:
         """Whether the host waits on something here (then heartbeats flow)."""
-        return bool(self.commands) or (self._sessions is not None and self._sessions.busy())
+        return (
+            bool(self.commands) or bool(self.jobs) or (self._sessions is not None and self._sessions.busy())
+        )
+
+    def _step_jobs(self, budget: float = 0.05) -> None:
+        """Advance the long file operations for up to ``budget`` seconds each; reply to finished ones."""
+        for rid in list(self.jobs):
+            job = self.jobs[rid]
+            until = time.monotonic() + budget
+            try:
+                while time.monotonic() < until:
+                    next(job)
+            except StopIteration:
+                del self.jobs[rid]
+                self.send({"t": "done", "id": rid})
+            except files.FileError as exc:
+                del self.jobs[rid]
+                self.error(rid, exc.code, exc.message)
+            except Exception as exc:  # one bad operation must not kill the agent
+                del self.jobs[rid]
+                self.error(rid, "internal", "%s: %s" % (type(exc).__name__, exc))
+            if self._busy() and time.monotonic() - self.last_sent >= HEARTBEAT:
+                self.send({"t": "beat"})
 
     def _next_timeout(self) -> Optional[float]:
+        if self.jobs:
+            return 0.0  # more to do: do not wait for input
         now = time.monotonic()
         best = self._sessions.next_timeout() if self._sessions is not None else None
         if self._busy():
@@ -312,8 +339,10 @@ class Agent:
             self.workspace.mkdir(h.get("path", ""), bool(h.get("parents")))
             self.send({"t": "done", "id": rid})
         elif kind == "remove":
-            self.workspace.remove(h.get("path", ""), bool(h.get("recursive")))
-            self.send({"t": "done", "id": rid})
+            # A tree is removed a step at a time between turns of this loop:
+            # a large one must not stall every other stream (or the heartbeats).
+            self.jobs[rid or 0] = self.workspace.removing(h.get("path", ""), bool(h.get("recursive")))
+            self._step_jobs()
         elif kind.startswith("session."):
             self.sessions.handle(kind, h, body)
         elif kind == "ping":

@@ -274,13 +274,20 @@ class Channel:
 
     # -- requests ----------------------------------------------------------
 
-    def request(self, header: dict[str, Any], deadline: float | None) -> Header:
-        """Send a one-shot request; return its ``done``/``pong`` reply header."""
+    def request(
+        self, header: dict[str, Any], deadline: float | None, *, stall: float | None = None
+    ) -> Header:
+        """Send a one-shot request; return its ``done``/``pong`` reply header.
+
+        With ``stall``, also give up when the agent sends nothing (not even a
+        heartbeat) for that long: for requests that may take a while.
+        """
         p = self._register()
+        since = time.monotonic()
         try:
             header["id"] = p.rid
             self.send(header)
-            reply, _ = self._get(p, deadline, f"a reply to {header['t']!r}")
+            reply, _ = self._get(p, deadline, f"a reply to {header['t']!r}", stall=stall, since=since)
             _raise_if_error(reply, header.get("path"))
             return reply
         finally:

@@ -59,21 +59,22 @@ def tagged_pid(tag: str, within: float = WAIT) -> int:
     raise AssertionError(f"no server process tagged {tag} within {within}s")
 
 
-def owned_by(docker_client: Any, pid: int) -> list[Any]:
+def owned_by(docker_client: Any, pid: int, *, spares: bool = False) -> list[Any]:
+    """The server's containers; without ``spares``, not the warm spares it keeps for the next fork
+    (they go with the server: wait_none_owned counts them)."""
     owner = f"{socket.gethostname()}:{pid}"
-    return list(
-        docker_client.containers.list(
-            all=True, ignore_removed=True, filters={"label": f"agentnest.owner={owner}"}
-        )
+    found = docker_client.containers.list(
+        all=True, ignore_removed=True, filters={"label": f"agentnest.owner={owner}"}
     )
+    return [c for c in found if spares or c.labels.get("agentnest.warm") != "true"]
 
 
 def wait_none_owned(docker_client: Any, pid: int, within: float = WAIT) -> None:
     deadline = time.monotonic() + within
-    while owned_by(docker_client, pid):
+    while owned_by(docker_client, pid, spares=True):
         if time.monotonic() >= deadline:
-            left = [c.name for c in owned_by(docker_client, pid)]
-            for container in owned_by(docker_client, pid):
+            left = [c.name for c in owned_by(docker_client, pid, spares=True)]
+            for container in owned_by(docker_client, pid, spares=True):
                 container.remove(force=True, v=True)
             raise AssertionError(f"the server left containers behind: {left}")
         time.sleep(0.1)
@@ -345,7 +346,7 @@ def test_sigterm_destroys_the_sandboxes(raw_server: RawServer, docker_client: An
     assert len(owned_by(docker_client, pid)) == 2
     raw_server.proc.send_signal(signal.SIGTERM)
     assert raw_server.proc.wait(WAIT) == 128 + signal.SIGTERM
-    assert owned_by(docker_client, pid) == []  # destroyed before the process exited
+    assert owned_by(docker_client, pid, spares=True) == []  # destroyed before the process exited
 
 
 def free_port() -> int:

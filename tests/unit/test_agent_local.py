@@ -15,6 +15,7 @@ import signal
 import stat
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -629,6 +630,53 @@ def test_remove(agent: Agent) -> None:
         ch.request({"t": "remove", "path": "", "recursive": True}, agent.deadline())
     assert info.value.code == "invalid_path"
     assert ws.is_dir()
+
+
+def test_a_large_recursive_remove_does_not_stall_the_agent() -> None:
+    # 100,000 entries take the agent a good fraction of a second to remove, even on a
+    # tmpfs.  It removes them a few hundred at a time between turns of its loop, so
+    # other requests are answered meanwhile (and heartbeats flow): a ping sent while
+    # the tree is going comes back while it is still there.
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        a = Agent(Path(shm), uuid.uuid4().hex)
+        try:
+            tree = a.workspace / "tree"
+            for d in range(100):
+                sub = tree / f"d{d}"
+                sub.mkdir(parents=True)
+                for f in range(1000):
+                    os.close(os.open(sub / str(f), os.O_CREAT | os.O_WRONLY, 0o644))
+            done: list[BaseException | None] = []
+
+            def remove() -> None:
+                try:
+                    a.channel.request(
+                        {"t": "remove", "path": "tree", "recursive": True}, a.deadline(), stall=10.0
+                    )
+                    done.append(None)
+                except BaseException as exc:
+                    done.append(exc)
+
+            thread = threading.Thread(target=remove)
+            thread.start()
+            wait_until(lambda: len(os.listdir(tree)) < 100, what="the remove to start")
+            a.channel.request({"t": "ping"}, a.deadline())
+            answered_midway = tree.exists()
+            thread.join(WAIT)
+            assert answered_midway, "the ping was answered only after the whole tree was gone"
+            assert done == [None] and not tree.exists()
+        finally:
+            a.close()
+
+
+def test_removing_yields_between_steps(workspace: Path) -> None:
+    from agentnest.agent import files
+
+    (workspace / "t").mkdir()
+    for i in range(1000):
+        (workspace / "t" / str(i)).write_bytes(b"")
+    steps = sum(1 for _ in files.Workspace(str(workspace)).removing("t", True))
+    assert steps == 1000 // files.REMOVE_STEP and not (workspace / "t").exists()
 
 
 def test_recursive_remove_never_follows_links(agent: Agent, tmp_path: Path) -> None:

@@ -534,6 +534,8 @@ class DockerBackend(RuntimeBackend):
             device_requests=device_requests,
         )
         container_labels = labels.for_sandbox(sandbox_id, self.name, created, deadline)
+        if slot:
+            container_labels[labels.WARM] = "true"  # for operators: `docker ps` shows spares as such
         container_labels.update(config.labels)
         networking = None
         if topology is not None:

@@ -20,6 +20,9 @@ CREATED = PREFIX + "created"
 BACKEND = PREFIX + "backend"
 VERSION = PREFIX + "version"
 ROLE = PREFIX + "role"
+#: On a container started as a warm spare for forks (kept once it became a fork's child:
+#: labels cannot change).
+WARM = PREFIX + "warm"
 
 
 def owner() -> str:
