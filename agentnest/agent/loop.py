@@ -46,9 +46,14 @@ DEFAULT_MAX_READ = 64 * 1024 * 1024
 
 
 class Agent:
-    def __init__(self, rfd: int = 0, wfd: int = 1) -> None:
+    def __init__(self, rfd: int = 0, wfd: int = 1, listen: Optional[str] = None) -> None:
         self.rfd = rfd
         self.wfd = wfd
+        # Listen mode (Kubernetes: see listen()): hosts connect through a unix
+        # socket at this path, one at a time; the agent outlives each of them.
+        self.listen_path = listen
+        self._listener: Any = None
+        self._conn: Any = None
         self.decoder = wire.Decoder(max_body_bytes=16 * 1024 * 1024)
         self.sel = selectors.DefaultSelector()
         self.commands: Dict[int, execmod.Command] = {}
@@ -73,6 +78,8 @@ class Agent:
 
     def send(self, header: Dict[str, Any], body: bytes = b"") -> None:
         self.last_sent = time.monotonic()
+        if self.wfd < 0:
+            return  # listen mode, no host connected: nobody to tell
         data = memoryview(wire.encode(header, body))
         while data:
             try:
@@ -82,10 +89,43 @@ class Agent:
                 # (a socket): wait until the host drains.
                 select.select([], [self.wfd], [], 1.0)
                 continue
-            except BrokenPipeError:
-                self.running = False
+            except (BrokenPipeError, ConnectionResetError):
+                self._host_gone()
                 return
             data = data[n:]
+
+    def _host_gone(self) -> None:
+        """The host's side closed: end (stdio), or wait for the next host (listen mode)."""
+        if self.listen_path is None:
+            self.running = False
+            return
+        if self._conn is not None:
+            try:
+                self.sel.unregister(self.rfd)
+            except (KeyError, ValueError):
+                pass
+            self._conn.close()
+            self._conn = None
+        self.rfd = self.wfd = -1
+
+    def _accept(self) -> None:
+        """A new host connected (listen mode): it replaces the previous one, if any.
+
+        It speaks first, with a ``reconnect`` frame (its request ids continue
+        above the ones it used before), and gets a hello; commands and
+        sessions of the previous connection live on (their frames for old
+        ids are dropped by the new host).
+        """
+        try:
+            conn, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        self._host_gone()
+        conn.setblocking(False)
+        self._conn = conn
+        self.rfd = self.wfd = conn.fileno()
+        self.decoder = wire.Decoder(max_body_bytes=16 * 1024 * 1024)
+        self.sel.register(self.rfd, selectors.EVENT_READ, "host")
 
     def error(self, rid: Optional[int], code: str, message: str) -> None:
         self.send({"t": "error", "id": rid, "code": code, "message": message[:4000]})
@@ -106,10 +146,15 @@ class Agent:
         # old registration never fires (checked with runsc 20221219): the host
         # sends this signal after the reconnect frame (see _drain_wake).
         signal.signal(signal.SIGUSR2, lambda *_: None)
-        os.set_blocking(self.rfd, False)
-        self.sel.register(self.rfd, selectors.EVENT_READ, "host")
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._hello()
+        if self.listen_path is not None:
+            self._listener = _listen(self.listen_path)
+            self.sel.register(self._listener, selectors.EVENT_READ, "listen")
+            self.rfd = self.wfd = -1
+        else:
+            os.set_blocking(self.rfd, False)
+            self.sel.register(self.rfd, selectors.EVENT_READ, "host")
+            self._hello()
         try:
             self._serve()
         finally:
@@ -151,6 +196,8 @@ class Agent:
                 tag = key.data
                 if tag == "host":
                     self._read_host()
+                elif tag == "listen":
+                    self._accept()
                 elif tag == "wake":
                     self._drain_wake()
                 elif tag == "session":
@@ -221,7 +268,7 @@ class Agent:
                 got += chunk[:64]
         except (BlockingIOError, InterruptedError):
             pass
-        if bytes([signal.SIGUSR2]) in got:
+        if bytes([signal.SIGUSR2]) in got and self.rfd >= 0:
             # Register fd 0 anew (the registration binds the host file it had),
             # and read what may already wait there.
             self.sel.unregister(self.rfd)
@@ -234,7 +281,7 @@ class Agent:
         except (BlockingIOError, InterruptedError):
             return
         if not data:
-            self.running = False
+            self._host_gone()
             return
         self.decoder.feed(data)
         try:
@@ -583,3 +630,33 @@ def _interpreter() -> Any:
 
 def main() -> None:
     Agent().run()
+
+
+def listen(path: str) -> None:
+    """The agent of a pod (Kubernetes): serve hosts that connect to the unix socket ``path``.
+
+    The pod's main process runs the agent, so that its commands and Python
+    sessions outlive any one connection: each host connection is an exec of
+    ``agent/bridge.py`` relaying its stdin and stdout to the socket (an
+    ``attach`` to the main process would have the node's container runtime
+    log every byte of the stream, secrets included).
+    """
+    Agent(listen=path).run()
+
+
+def _listen(path: str) -> Any:
+    import socket
+
+    try:
+        os.unlink(path)  # a previous agent's, in the same pod
+    except FileNotFoundError:
+        pass
+    old = os.umask(0o077)  # the socket: this user's only
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(4)
+    sock.setblocking(False)
+    return sock

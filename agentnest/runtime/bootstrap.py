@@ -23,6 +23,11 @@ Modes:
     agent in ``agent`` mode (whose exec stream ends when it exits).
 ``agent``
     Just the agent (restarts, and backends that keep the lifetime elsewhere).
+``listen SECONDS SOCKET BUNDLE``
+    The keeper of a Kubernetes pod: the bundle comes in the argv (base64),
+    the agent listens on the unix socket ``SOCKET`` for hosts that connect
+    through ``agent/bridge.py`` (see :func:`listen_command`), and a dead agent
+    is started again.
 """
 
 from __future__ import annotations
@@ -43,11 +48,13 @@ DEADLINE_FILE = "/tmp/.agentnest-deadline"
 BOOTSTRAP = r"""
 import os, sys
 LAZY = ("interpreter",)  # compiled by the agent on first use
-def load():
+def load(blob=None):
     import json, types, zlib
-    b = sys.stdin.buffer
-    n = int(b.readline())
-    mods = json.loads(zlib.decompress(b.read(n)))
+    if blob is None:
+        b = sys.stdin.buffer
+        n = int(b.readline())
+        blob = b.read(n)
+    mods = json.loads(zlib.decompress(blob))
     pkg = types.ModuleType("%(pkg)s"); pkg.__path__ = []; pkg.__package__ = "%(pkg)s"
     sys.modules["%(pkg)s"] = pkg
     def define(name, src):
@@ -65,8 +72,12 @@ def load():
     pkg.define = lambda name: define(name, pkg.sources[name])  # lazy modules
     del mods
     return sys.modules["%(pkg)s.loop"]
-if sys.argv[1] == "keeper":
+if sys.argv[1] in ("keeper", "listen"):
     import signal
+    LISTEN = sys.argv[1] == "listen"
+    if LISTEN:
+        import base64
+        BLOB = base64.b64decode(sys.argv[4])
     # PID 1 runs as the sandbox's UID: made non-dumpable, code of that UID
     # cannot open /proc/1/mem (or ptrace it) to rewrite the deadline away.
     try:
@@ -116,20 +127,29 @@ if sys.argv[1] == "keeper":
     # the agent's garbage collections do not touch (and so copy) their pages.
     import gc
     gc.freeze()
-    agent = os.fork()
-    if agent == 0:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
-        for sig in IGNORED:  # ignored dispositions survive exec: not for commands
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        load().main()
-        os._exit(0)
+    def start_agent():
+        agent = os.fork()
+        if agent == 0:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            for sig in IGNORED:  # ignored dispositions survive exec: not for commands
+                signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if LISTEN:
+                load(BLOB).listen(sys.argv[3])
+            else:
+                load().main()
+            os._exit(0)
+        return agent
+    agent = start_agent()
+    started = os.times()[4]
     fd = os.open("/dev/null", os.O_RDWR)
     os.dup2(fd, 0); os.dup2(fd, 1)
-    # PID 1 reaps every orphan; when the agent dies it says so on stderr,
-    # which the host reads as the end of this agent's stream.
+    # PID 1 reaps every orphan.  When the agent dies: in listen mode (a pod)
+    # it starts a new one on the socket (hosts reconnect; sessions are lost),
+    # at most once a second; otherwise it says so on stderr, which the host
+    # reads as the end of this agent's stream.
     while True:
         try:
             pid, _ = os.wait()
@@ -137,7 +157,15 @@ if sys.argv[1] == "keeper":
             signal.pause()
             continue
         if pid == agent:
-            os.write(2, b"\n\x00AGENTNEST-AGENT-EXITED\x00\n")
+            if LISTEN:
+                left = 1.0 - (os.times()[4] - started)
+                if left > 0:
+                    import time
+                    time.sleep(left)  # a crash loop stays a slow one
+                agent = start_agent()
+                started = os.times()[4]
+            else:
+                os.write(2, b"\n\x00AGENTNEST-AGENT-EXITED\x00\n")
 else:
     load().main()
 """.replace("%(pkg)s", PACKAGE).replace("%(deadline)s", DEADLINE_FILE)
@@ -152,6 +180,28 @@ def bundle() -> bytes:
     return b"%d\n" % len(blob) + blob
 
 
+def listen_command(python: str, lifetime: float, socket_path: str) -> list[str]:
+    """The argv of a pod's main process: the keeper, with the agent listening on ``socket_path``.
+
+    The agent's sources travel in the argv (base64, ~40 KiB: well under the
+    kernel's 128 KiB per argument), since nothing may be attached to the
+    pod's stdin (see :func:`agentnest.agent.loop.listen`).
+    """
+    import base64
+
+    blob = bundle().split(b"\n", 1)[1]
+    return [
+        python,
+        "-S",
+        "-c",
+        BOOTSTRAP,
+        "listen",
+        f"{max(1.0, lifetime):.3f}",
+        socket_path,
+        base64.b64encode(blob).decode("ascii"),
+    ]
+
+
 def command(mode: str, python: str = "python3", lifetime: float | None = None) -> list[str]:
     """The argv that starts the bootstrap in ``mode``."""
     argv = [python, "-S", "-c", BOOTSTRAP, mode]
@@ -160,3 +210,9 @@ def command(mode: str, python: str = "python3", lifetime: float | None = None) -
             raise ValueError("keeper mode needs a lifetime")
         argv.append(f"{max(1.0, lifetime):.3f}")
     return argv
+
+
+def bridge_command(python: str, socket_path: str) -> list[str]:
+    """The argv of one host connection to a pod's agent: ``agent/bridge.py`` relaying stdio to the socket."""
+    source = (resources.files("agentnest.agent") / "bridge.py").read_text("utf-8")
+    return [python, "-I", "-S", "-c", source, socket_path]
