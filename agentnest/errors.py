@@ -91,6 +91,11 @@ class SandboxPausedError(AgentNestError):
 class BackendError(AgentNestError):
     """The container engine or backend failed."""
 
+    reason: str | None = None
+    """A stable code for why, where the backend knows it (Kubernetes: ``quota``,
+    ``rbac``, ``runtime_class``, ``capacity``, ``image``, ...), for callers that
+    branch without parsing the message.  .. versionadded:: 0.4.0"""
+
 
 class RuntimeNotAvailableError(BackendError):
     """The engine is not reachable, or the requested OCI runtime is not installed."""

@@ -14,11 +14,25 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import AgentNestError, ConfigurationError
-from . import audit, backends, demo, doctor, image, mcp, profiles, prune, run, serve, setup, shell
+from . import (
+    audit,
+    backends,
+    demo,
+    doctor,
+    image,
+    kubernetes,
+    mcp,
+    profiles,
+    prune,
+    run,
+    serve,
+    setup,
+    shell,
+)
 from ._output import error
 
 #: The commands in the order ``agentnest --help`` lists them.
-COMMANDS = (demo, doctor, setup, run, shell, backends, image, profiles, prune, audit, serve, mcp)
+COMMANDS = (demo, doctor, setup, run, shell, backends, image, profiles, prune, audit, serve, mcp, kubernetes)
 
 _EPILOG = """\
 examples:
