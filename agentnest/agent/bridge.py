@@ -18,17 +18,30 @@ import os
 import select
 import socket
 import sys
+import time
 
 CHUNK = 1 << 20
 
 
-def relay(path: str) -> int:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-    except OSError as exc:
-        sys.stderr.write("agentnest-bridge: cannot reach the agent at %s: %s\n" % (path, exc))
-        return 3
+def relay(path: str, wait: float = 0.0) -> int:
+    # A new pod's keeper may still be starting its agent: wait for the socket
+    # up to ``wait`` seconds (no inotify in the stdlib: a short poll).
+    deadline = time.monotonic() + wait
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            if time.monotonic() >= deadline:
+                sys.stderr.write("agentnest-bridge: cannot reach the agent at %s: %s\n" % (path, exc))
+                return 3
+            time.sleep(0.05)
+        except OSError as exc:
+            sock.close()
+            sys.stderr.write("agentnest-bridge: cannot reach the agent at %s: %s\n" % (path, exc))
+            return 3
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
     out = sock.fileno()
     while True:
@@ -48,4 +61,4 @@ def relay(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(relay(sys.argv[1]))
+    sys.exit(relay(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.0))

@@ -212,7 +212,11 @@ def command(mode: str, python: str = "python3", lifetime: float | None = None) -
     return argv
 
 
-def bridge_command(python: str, socket_path: str) -> list[str]:
-    """The argv of one host connection to a pod's agent: ``agent/bridge.py`` relaying stdio to the socket."""
+def bridge_command(python: str, socket_path: str, wait: float = 0.0) -> list[str]:
+    """The argv of one host connection to a pod's agent: ``agent/bridge.py`` relaying stdio to the socket.
+
+    ``wait``: how long the bridge waits for the socket to appear (a new pod's
+    agent is still starting).
+    """
     source = (resources.files("agentnest.agent") / "bridge.py").read_text("utf-8")
-    return [python, "-I", "-S", "-c", source, socket_path]
+    return [python, "-I", "-S", "-c", source, socket_path, f"{max(0.0, wait):.1f}"]
