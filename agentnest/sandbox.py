@@ -490,6 +490,18 @@ class Sandbox:
                 return ch
             self._check_alive()
             old_reason = ch.broken_reason if ch is not None else None
+            if ch is not None and self._handle.info.get("reattach"):
+                # The backend's agent outlives its stream (a pod's listening
+                # agent): reach the same one again, its commands and sessions
+                # with it; a new agent only if it does not answer.
+                self._handle.info["reconnect_ids"] = ch.next_id()
+                ch = self._connect(attached=True)
+                reattached = not self._handle.info.pop("agent_replaced", False)
+                self._guard.emit(
+                    EventType.AGENT_RESTARTED,
+                    {"reason": old_reason or "stream lost", "reattached": reattached},
+                )
+                return ch
             ch = self._connect()
             self._guard.emit(EventType.AGENT_RESTARTED, {"reason": old_reason or "not started"})
             return ch
@@ -512,6 +524,11 @@ class Sandbox:
             self._check_alive()
         except SandboxDestroyedError as gone:
             return gone
+        if self._handle.info.get("reattach"):
+            return ChannelError(
+                f"{exc}; the stream to the in-sandbox agent was lost during this call (or the agent "
+                "died): the next call reconnects to it, its commands and sessions with it if it lives"
+            )
         return ChannelError(
             f"{exc}; the in-sandbox agent was lost (killed or crashed) during this call, "
             "the sandbox and its files are intact and the next call starts a new agent"

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
-from ..errors import ConfigurationError, RuntimeNotAvailableError
+from ..errors import ConfigurationError
 from .base import RuntimeBackend
 
 ENTRY_POINT_GROUP = "agentnest.backends"
@@ -39,12 +39,10 @@ def _remote() -> RuntimeBackend:
 
 
 def _kubernetes() -> RuntimeBackend:
-    # 0.3.0 registered this name (an untested backend); ours answers it with
-    # the fix instead of "unknown backend" (docs/compat.md).
-    raise RuntimeNotAvailableError(
-        "the Kubernetes backend is not in this version of AgentNest (0.3.0's was never tested); "
-        "run `agentnest serve` on a Docker host and use backend='remote', or backend='gvisor' locally"
-    )
+    # Reads $KUBECONFIG (or ~/.kube/config, or the in-cluster config) on first use.
+    from .kubernetes.backend import KubernetesBackend
+
+    return KubernetesBackend()
 
 
 BUILTIN: dict[str, BackendFactory] = {
@@ -54,7 +52,7 @@ BUILTIN: dict[str, BackendFactory] = {
     "kubernetes": _kubernetes,
     "remote": _remote,
 }
-"""Built-in backends: Docker with runc, runsc (gVisor) or kata-runtime; an ``agentnest serve`` server."""
+"""Built-in backends: Docker with runc, runsc (gVisor) or kata-runtime; Kubernetes; a server."""
 
 _shared: dict[str, RuntimeBackend] = {}
 _lock = threading.Lock()

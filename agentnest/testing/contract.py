@@ -63,7 +63,14 @@ class BackendContract:
         handle = backend.create(SandboxConfig(image=image, lifetime=60))
         try:
             assert handle.deadline > time.time()
-            channel = Channel.connect(backend.open_channel(handle), bootstrap.bundle(), timeout=60)
+            stream = backend.open_channel(handle)
+            # As Sandbox connects: an agent that runs already (a pod's listening
+            # agent) takes a reconnect frame with the ids it names, not the bundle.
+            ids = handle.info.pop("reconnect_ids", None)
+            if isinstance(ids, int):
+                channel = Channel.connect(stream, None, timeout=60, after=ids)
+            else:
+                channel = Channel.connect(stream, bootstrap.bundle(), timeout=60)
             assert channel.hello is not None
             assert channel.hello.uid != 0, "the agent must not run as root"
             reply = channel.request({"t": "ping"}, time.monotonic() + 30)

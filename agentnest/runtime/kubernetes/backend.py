@@ -1,0 +1,288 @@
+"""``KubernetesBackend``: one locked-down Pod per sandbox, its agent reached through exec.
+
+create: the objects :func:`.manifests.render` builds (NetworkPolicy first,
+then the Secret, then the Pod), each written with Strict field validation;
+the Pod read back and its hardening compared as sent (a field a feature gate
+drops is a refusal, never a silently weaker sandbox); the Secret and policy
+made the Pod's (``ownerReferences``) so deleting the Pod collects them; then
+a bounded wait for the pod to run, with the cluster's own reason when it does
+not (:mod:`.reasons`).  The sandbox is handed out only once the agent answered
+through the exec channel, not when the pod is "Running".
+
+open_channel: an exec of ``agent/bridge.py`` (the pod's main process is the
+keeper with its agent listening on a unix socket in an ``emptyDir``), so
+nothing of the agent stream goes through ``attach`` into the node's container
+log, and a dropped stream loses no command or session: the next exec reaches
+the same agent.
+
+What runs where was verified against the cluster double in
+``agentnest.testing`` only (no cluster can run where AgentNest is built);
+docs/kubernetes.md says what that covers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from ...channel.streams import ByteStream
+from ...config import SandboxConfig
+from ...errors import AgentNestError, BackendError, SandboxDestroyedError, UnsupportedCapabilityError
+from ...policy import NetworkMode
+from ..base import Capability, RuntimeBackend, SandboxHandle
+from ..bootstrap import bridge_command
+from ..bootstrap import command as bootstrap_command
+from . import manifests
+from .lint import check
+from .spec import KubernetesSpec
+
+__all__ = ["KubernetesBackend"]
+
+#: How long a pod may take to run (an image pull on a cold node can take minutes).
+START_TIMEOUT = 300.0
+#: How long the agent may take to listen once the pod runs.
+AGENT_TIMEOUT = 60.0
+
+#: RuntimeClass names whose handler we know; any other: the runtime is unknown.
+_KNOWN_RUNTIMES = {"gvisor": "runsc", "runsc": "runsc", "kata": "kata-runtime", "kata-qemu": "kata-runtime"}
+
+
+class KubernetesBackend(RuntimeBackend):
+    """Sandboxes as Pods of one namespace of a cluster.
+
+    ``KubernetesBackend(KubernetesSpec(namespace="agents", context="prod"))``;
+    0.3.0's ``namespace=``, ``context=`` and ``runtime_class_name=`` keywords
+    are accepted too.
+    """
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        spec: KubernetesSpec | None = None,
+        *,
+        namespace: str | None = None,
+        context: str | None = None,
+        runtime_class_name: str | object | None = ...,
+        kubeconfig: str | None = None,
+        start_timeout: float = START_TIMEOUT,
+    ) -> None:
+        spec = spec or KubernetesSpec()
+        changes: dict[str, Any] = {}
+        if namespace is not None:
+            changes["namespace"] = namespace
+        if context is not None:
+            changes["context"] = context
+        if kubeconfig is not None:
+            changes["kubeconfig"] = kubeconfig
+        if runtime_class_name is not ...:
+            changes["runtime_class_name"] = runtime_class_name
+        if changes:
+            import dataclasses
+
+            spec = dataclasses.replace(spec, **changes)
+        self.spec = spec
+        self.start_timeout = start_timeout
+        self._api: Any = None
+        self._connection: Any = None
+        self._lock = threading.Lock()
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def _cluster(self) -> tuple[Any, Any]:
+        """The control-plane client and the exec connection, made on first use."""
+        with self._lock:
+            if self._api is None:
+                from .api import KubeApi
+                from .connection import from_kube_config
+                from .kubeconfig import load
+                from .rest import KubeRest
+
+                cluster = load(self.spec.kubeconfig, self.spec.context)
+                connection = from_kube_config(cluster.configuration)
+                self._api = KubeApi(KubeRest(connection), self.spec.namespace)
+                self._connection = connection
+            return self._api, self._connection
+
+    def capabilities(self) -> frozenset[Capability]:
+        return frozenset(
+            {
+                # A NetworkPolicy with no rule isolates the pod (where the CNI
+                # enforces policies: docs/kubernetes.md says how to check).
+                Capability.NETWORK_DENIED,
+                Capability.RESOURCE_LIMITS,
+                Capability.READ_ONLY_ROOT,
+                # activeDeadlineSeconds, enforced by the kubelet, and the keeper.
+                Capability.DEADLINE,
+                # Both move the workspace through the agent channel.
+                Capability.FORK,
+                Capability.SNAPSHOT,
+            }
+        )
+
+    @property
+    def oci_runtime(self) -> str | None:
+        name = self.spec.runtime_class_name
+        return _KNOWN_RUNTIMES.get(name) if name else None
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def create(self, config: SandboxConfig) -> SandboxHandle:
+        if config.network.mode is NetworkMode.ALLOWLIST:
+            raise UnsupportedCapabilityError(
+                "the kubernetes backend does not run the egress proxy yet: use network denied, "
+                "or the docker/gvisor backend for an allowlist"
+            )
+        if config.network.mode is NetworkMode.OPEN:
+            raise UnsupportedCapabilityError(
+                "the kubernetes backend gives sandboxes no open network (only denied for now)"
+            )
+        api, _ = self._cluster()
+        sandbox_id = os.urandom(6).hex()
+        now = time.time()
+        objects = manifests.render(config, self.spec, sandbox_id, now=now)
+        for obj in objects:
+            check(obj)  # our own rules first: never send a pod weaker than we mean
+        created: list[tuple[str, str]] = []
+        pod_name = manifests.pod_name(sandbox_id)
+        try:
+            stored_pod: dict[str, Any] | None = None
+            for obj in objects:
+                stored = api.create(obj)
+                created.append((str(obj["kind"]), str(stored["metadata"]["name"])))
+                if obj["kind"] == "Pod":
+                    stored_pod = stored
+                    self._check_stored(obj, stored)
+            assert stored_pod is not None
+            uid = str(stored_pod["metadata"]["uid"])
+            for kind, name in created:
+                if kind != "Pod":
+                    api.patch(kind, name, {"metadata": {"ownerReferences": _owner(pod_name, uid)}})
+            api.wait_running(pod_name, self.start_timeout)
+        except BaseException:
+            self._remove(api, created)
+            raise
+        return SandboxHandle(
+            id=sandbox_id,
+            backend=self.name,
+            deadline=now + config.lifetime,
+            info={
+                "namespace": self.spec.namespace,
+                "pod": pod_name,
+                "objects": created,
+                # The agent runs already, listening: the first connection
+                # sends a reconnect frame (ids from 1), not the bundle.  The
+                # sandbox is handed out once it answered (Sandbox's connect).
+                "reconnect_ids": 1,
+                "first": True,
+                # After a lost stream, a new exec reaches the same agent: the
+                # Sandbox reconnects with the ids after its last (sessions and
+                # commands live on).
+                "reattach": True,
+            },
+        )
+
+    @staticmethod
+    def _check_stored(sent: dict[str, Any], stored: dict[str, Any]) -> None:
+        from .api import hardening_drift
+
+        drift = hardening_drift(sent, stored)
+        if drift:
+            raise BackendError(
+                f"the cluster stored pod {sent['metadata']['name']} without {', '.join(drift)} as sent "
+                "(a disabled feature gate drops fields silently: hostUsers needs UserNamespacesSupport); "
+                "refusing a weaker sandbox. Set KubernetesSpec(host_users=True) if the cluster cannot "
+                "run user namespaces"
+            )
+
+    def open_channel(self, handle: SandboxHandle) -> ByteStream:
+        """A stream to the pod's listening agent, or to a new one.
+
+        While ``handle.info["reconnect_ids"]`` is set (the first connection,
+        and a reattach after a lost stream: see ``reattach`` below), the
+        stream is an exec of the bridge to the agent of the pod's main
+        process, which takes a ``reconnect`` frame.  Otherwise the caller
+        sends a bundle: the stream is an exec of a new agent reading it from
+        stdin, as on Docker (its commands end with that stream).
+        """
+        from .connection import ExecTarget
+        from .wsexec import ExecStream
+
+        first = bool(handle.info.pop("first", False))
+        if not first and not self.is_running(handle):
+            raise SandboxDestroyedError(
+                f"sandbox {handle.id}: {self.exit_reason(handle) or 'its pod is gone'}"
+            )
+        _, connection = self._cluster()
+        target = ExecTarget(connection, handle.info["namespace"], handle.info["pod"], "sandbox")
+        if "reconnect_ids" in handle.info:
+            # The first connection waits for a new pod's agent to listen.
+            argv = bridge_command(
+                self.spec.python, manifests.AGENT_SOCKET, wait=AGENT_TIMEOUT if first else 0.0
+            )
+        else:
+            argv = bootstrap_command("agent", self.spec.python)
+        stream: ByteStream = ExecStream.open(target, argv)
+        return stream
+
+    def destroy(self, handle: SandboxHandle) -> None:
+        api, _ = self._cluster()
+        objects = handle.info.get("objects") or [("Pod", handle.info.get("pod"))]
+        self._remove(api, objects)
+
+    @staticmethod
+    def _remove(api: Any, objects: list[tuple[str, str]]) -> None:
+        """Delete the pod first (it owns the rest), then what it may not own yet; idempotent."""
+        errors: list[BaseException] = []
+        for kind, name in sorted(objects, key=lambda o: o[0] != "Pod"):
+            try:
+                api.delete(kind, name)
+            except AgentNestError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def is_running(self, handle: SandboxHandle) -> bool:
+        from .api import _running
+
+        api, _ = self._cluster()
+        try:
+            pod = api.get("Pod", handle.info["pod"])
+        except AgentNestError:
+            return False
+        return pod is not None and _running(pod)
+
+    def exit_reason(self, handle: SandboxHandle) -> str | None:
+        from .reasons import pod_verdict
+
+        api, _ = self._cluster()
+        try:
+            pod = api.get("Pod", handle.info["pod"])
+        except AgentNestError as exc:
+            return str(exc)
+        if pod is None:
+            return "its pod was deleted"
+        verdict = pod_verdict(pod)
+        return str(verdict.error) if verdict.error is not None else None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._api is not None:
+                self._api.rest.close()
+                self._api = None
+
+
+def _owner(pod_name: str, uid: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": pod_name,
+            "uid": uid,
+            # Deleting the pod collects the object; nothing blocks the pod's deletion.
+            "blockOwnerDeletion": False,
+            "controller": False,
+        }
+    ]

@@ -1,0 +1,324 @@
+"""A node for the cluster double: each admitted Pod runs as a container on the local Docker engine.
+
+The kubelet's part, as far as AgentNest's pods need it: the pod's security
+context becomes the container's (user and group, read-only root, capabilities
+dropped, ``no-new-privileges``, the runtime's default seccomp profile or a
+node-local one), its resources the container's limits, its memory-backed
+``emptyDir`` volumes tmpfs mounts with their ``sizeLimit``, its ``secretKeyRef``
+environment the Secret's values, its ``runtimeClassName`` the engine's OCI
+runtime through the RuntimeClass's handler (``runsc`` for gVisor).  A pod that
+a NetworkPolicy isolates in both directions with no rule gets no network, as a
+policy-enforcing CNI would give it.  The exec endpoint runs ``docker exec``.
+
+Failures come back the way a kubelet reports them: an image the engine does
+not have is ``ErrImagePull`` then ``ImagePullBackOff`` (nothing is pulled: the
+machines this runs on reach no registry), a handler the engine does not know is
+a ``FailedCreatePodSandBox`` event, a missing Secret a
+``CreateContainerConfigError``; the main process ending makes the pod
+``Succeeded`` or ``Failed`` (``OOMKilled`` when the kernel killed it), and
+``activeDeadlineSeconds`` kills it with reason ``DeadlineExceeded``.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .kubecluster import ClusterState, Node, parse_quantity
+
+__all__ = ["DockerNode"]
+
+#: The label on every container of the double, for cleaning up.
+LABEL = "agentnest.kubedouble"
+
+
+class DockerNode(Node):
+    """Runs pods as containers of the local engine.
+
+    Args:
+        client: a ``docker.DockerClient`` (default: from the environment).
+        seccomp_root: where ``Localhost`` seccomp profiles live (the kubelet's
+            ``/var/lib/kubelet/seccomp``).
+        pod_pids_limit: the node's ``podPidsLimit`` (there is no pod field).
+        images: image name -> the local image the node runs for it (a node's
+            registry mirror, or images pre-loaded under another name).
+    """
+
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        seccomp_root: Path | None = None,
+        pod_pids_limit: int = 1024,
+        images: Mapping[str, str] | None = None,
+    ) -> None:
+        if client is None:
+            import docker
+
+            client = docker.from_env()
+        self.client = client
+        self.seccomp_root = seccomp_root
+        self.pod_pids_limit = pod_pids_limit
+        self.images = dict(images or {})
+        self._containers: dict[str, str] = {}  # pod uid -> container id
+        self._lock = threading.Lock()
+        self._runtimes: set[str] | None = None
+
+    def _known_runtimes(self) -> set[str]:
+        if self._runtimes is None:
+            self._runtimes = set((self.client.info().get("Runtimes") or {}).keys())
+        return self._runtimes
+
+    def start(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
+        # The kubelet works beside the apiserver: never on its loop.
+        threading.Thread(target=self._run, args=(cluster, pod), daemon=True, name="kubedouble-node").start()
+
+    def _run(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
+        import docker.errors
+
+        meta, spec = pod["metadata"], pod["spec"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        container = spec["containers"][0]
+        cluster.add_event(ns, name, "Normal", "Scheduled", f"Successfully assigned {ns}/{name} to kubedouble")
+        handler = "runc"
+        rc_name = spec.get("runtimeClassName")
+        if rc_name:
+            rc = cluster.get("runtimeclasses", None, rc_name) or {}
+            handler = str(rc.get("handler") or "runc")
+        if handler not in self._known_runtimes():
+            cluster.add_event(
+                ns,
+                name,
+                "Warning",
+                "FailedCreatePodSandBox",
+                "Failed to create pod sandbox: rpc error: code = Unknown desc = "
+                f'failed to get sandbox runtime: no runtime for "{handler}" is configured',
+            )
+            return
+        image = container.get("image", "")
+        local = self.images.get(image, image)
+        try:
+            self.client.images.get(local)
+        except docker.errors.ImageNotFound:
+            message = f'Failed to pull image "{image}": rpc error: code = NotFound desc = not found'
+            cluster.add_event(ns, name, "Warning", "Failed", message)
+            cluster.set_pod_status(ns, name, phase="Pending", waiting=("ErrImagePull", message))
+            cluster.add_event(ns, name, "Normal", "BackOff", f'Back-off pulling image "{image}"')
+            cluster.set_pod_status(
+                ns, name, phase="Pending", waiting=("ImagePullBackOff", f'Back-off pulling image "{image}"')
+            )
+            return
+        try:
+            kwargs = self._container_args(cluster, pod, handler)
+        except _ConfigError as exc:
+            cluster.add_event(ns, name, "Warning", "Failed", f"Error: {exc}")
+            cluster.set_pod_status(
+                ns, name, phase="Pending", waiting=("CreateContainerConfigError", str(exc))
+            )
+            return
+        try:
+            created = self.client.containers.create(local, **kwargs)
+            with self._lock:
+                self._containers[uid] = created.id
+            if cluster.get("pods", ns, name) is None:  # deleted meanwhile
+                created.remove(force=True)
+                return
+            created.start()
+        except docker.errors.APIError as exc:
+            cluster.add_event(ns, name, "Warning", "Failed", f"Error: {exc.explanation}")
+            cluster.set_pod_status(
+                ns, name, phase="Pending", waiting=("CreateContainerError", str(exc.explanation))
+            )
+            return
+        cluster.add_event(ns, name, "Normal", "Started", f"Started container {container['name']}")
+        cluster.set_pod_status(ns, name, phase="Running", running=True)
+        deadline = spec.get("activeDeadlineSeconds")
+        started = time.monotonic()
+        while True:
+            current = cluster.get("pods", ns, name)
+            if current is None or current["metadata"]["uid"] != uid:
+                return
+            limit = current["spec"].get("activeDeadlineSeconds", deadline)
+            wait = 1.0 if limit is None else max(0.0, min(1.0, started + float(limit) - time.monotonic()))
+            try:
+                result = created.wait(timeout=max(wait, 0.05))
+            except Exception:  # requests' ReadTimeout: still running
+                result = None
+            if result is not None:
+                created.reload()
+                oom = bool(created.attrs.get("State", {}).get("OOMKilled"))
+                code = int(result.get("StatusCode", -1))
+                why = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
+                cluster.set_pod_status(
+                    ns, name, phase="Succeeded" if code == 0 and not oom else "Failed", terminated=(why, code)
+                )
+                return
+            if limit is not None and time.monotonic() >= started + float(limit):
+                self._remove(uid)
+                cluster.set_pod_status(
+                    ns,
+                    name,
+                    phase="Failed",
+                    reason="DeadlineExceeded",
+                    message="Pod was active on the node longer than the specified deadline",
+                    terminated=("DeadlineExceeded", 137),
+                )
+                return
+
+    def _container_args(self, cluster: ClusterState, pod: dict[str, Any], handler: str) -> dict[str, Any]:
+        meta, spec = pod["metadata"], pod["spec"]
+        ns = meta["namespace"]
+        container = spec["containers"][0]
+        pod_sc = spec.get("securityContext") or {}
+        sc = container.get("securityContext") or {}
+        uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+        gid = sc.get("runAsGroup", pod_sc.get("runAsGroup"))
+        caps = sc.get("capabilities") or {}
+        security_opt: list[str] = []
+        if sc.get("allowPrivilegeEscalation") is False:
+            security_opt.append("no-new-privileges")
+        seccomp = sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}
+        if seccomp.get("type") == "Localhost":
+            root = self.seccomp_root
+            profile = (root / seccomp.get("localhostProfile", "")) if root else None
+            if profile is None or not profile.is_file():
+                raise _ConfigError(
+                    f"cannot load seccomp profile {seccomp.get('localhostProfile')!r}: not found"
+                )
+            security_opt.append(f"seccomp={profile.read_text()}")
+        elif seccomp.get("type") == "Unconfined":
+            security_opt.append("seccomp=unconfined")
+        env: dict[str, str] = {}
+        for item in container.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+                continue
+            ref = (item.get("valueFrom") or {}).get("secretKeyRef") or {}
+            secret = cluster.get("secrets", ns, ref.get("name", ""))
+            if secret is None:
+                raise _ConfigError(f'secret "{ref.get("name")}" not found')
+            if ref.get("key") in (secret.get("stringData") or {}):
+                env[item["name"]] = str(secret["stringData"][ref["key"]])
+            elif ref.get("key") in (secret.get("data") or {}):
+                env[item["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+            else:
+                raise _ConfigError(f"couldn't find key {ref.get('key')} in Secret {ns}/{ref.get('name')}")
+        volumes = {v["name"]: v for v in spec.get("volumes") or []}
+        tmpfs: dict[str, str] = {}
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"]) or {}
+            size: object = None
+            if "emptyDir" in volume:
+                size = (volume["emptyDir"] or {}).get("sizeLimit")
+            elif "ephemeral" in volume:
+                template = (volume["ephemeral"].get("volumeClaimTemplate") or {}).get("spec") or {}
+                size = ((template.get("resources") or {}).get("requests") or {}).get("storage")
+            else:
+                raise _ConfigError(f"the double cannot mount volume {mount['name']!r} ({', '.join(volume)})")
+            # The kubelet makes an emptyDir 0777 (group fsGroup) and executable.
+            # Docker copies the mode of the image's directory onto a tmpfs (a
+            # 0755 /workspace stays 0755), so the double hands the directory to
+            # the pod's user instead: writable for it, as on a node.
+            options = ["exec", "nosuid", "nodev", "mode=0777"]
+            if uid is not None:
+                options.append(f"uid={uid}")
+            group = pod_sc.get("fsGroup", gid)
+            if group is not None:
+                options.append(f"gid={group}")
+            if size is not None:
+                options.append(f"size={int(parse_quantity(size))}")
+            tmpfs[mount["mountPath"]] = ",".join(options)
+        limits = (container.get("resources") or {}).get("limits") or {}
+        kwargs: dict[str, Any] = {
+            "name": f"kubedouble-{ns}-{meta['name']}"[:120],
+            "command": list(container.get("command") or []) + list(container.get("args") or []),
+            "labels": {LABEL: "1", f"{LABEL}.pod": f"{ns}/{meta['name']}", f"{LABEL}.uid": meta["uid"]},
+            "hostname": meta["name"][:63],
+            "read_only": bool(sc.get("readOnlyRootFilesystem")),
+            "cap_drop": list(caps.get("drop") or []),
+            "cap_add": list(caps.get("add") or []),
+            "security_opt": security_opt,
+            "environment": env,
+            "tmpfs": tmpfs,
+            "working_dir": container.get("workingDir") or None,
+            "runtime": handler,
+            "network_mode": "none" if self._isolated(cluster, pod) else "bridge",
+            "pids_limit": self.pod_pids_limit,
+            "stdin_open": False,
+            "tty": False,
+            "detach": True,
+        }
+        if uid is not None:
+            kwargs["user"] = f"{uid}:{gid}" if gid is not None else str(uid)
+        fs_group = pod_sc.get("fsGroup")
+        if fs_group is not None:
+            kwargs["group_add"] = [str(fs_group)]
+        if "memory" in limits:
+            memory = int(parse_quantity(limits["memory"]))
+            kwargs["mem_limit"] = memory
+            kwargs["memswap_limit"] = memory
+        if "cpu" in limits:
+            kwargs["nano_cpus"] = int(parse_quantity(limits["cpu"]) * 1e9)
+        return kwargs
+
+    @staticmethod
+    def _isolated(cluster: ClusterState, pod: dict[str, Any]) -> bool:
+        """Whether NetworkPolicies leave the pod no way in or out (then: no network at all)."""
+        labels = pod["metadata"].get("labels") or {}
+        ingress = egress = False
+        allowed_in = allowed_out = False
+        for policy in cluster.list("networkpolicies", pod["metadata"]["namespace"]):
+            spec = policy.get("spec") or {}
+            wanted = (spec.get("podSelector") or {}).get("matchLabels") or {}
+            if any(labels.get(k) != v for k, v in wanted.items()):
+                continue
+            types = spec.get("policyTypes") or ["Ingress"]
+            if "Ingress" in types:
+                ingress = True
+                allowed_in = allowed_in or bool(spec.get("ingress"))
+            if "Egress" in types:
+                egress = True
+                allowed_out = allowed_out or bool(spec.get("egress"))
+        return ingress and egress and not allowed_in and not allowed_out
+
+    def exec_argv(self, pod: dict[str, Any], container: str, argv: list[str]) -> list[str] | None:
+        with self._lock:
+            cid = self._containers.get(pod["metadata"]["uid"])
+        if cid is None:
+            return None
+        return ["docker", "exec", "-i", cid, *argv]
+
+    def stop(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
+        self._remove(pod["metadata"]["uid"])
+
+    def _remove(self, uid: str) -> None:
+        import docker.errors
+
+        with self._lock:
+            cid = self._containers.pop(uid, None)
+        if cid is None:
+            return
+        try:
+            self.client.containers.get(cid).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                raise
+
+    def close(self) -> None:
+        for c in self.client.containers.list(all=True, filters={"label": LABEL}):
+            try:
+                c.remove(force=True)
+            except Exception:  # noqa: S112 - best effort: the test's own cleanup
+                continue
+        with self._lock:
+            self._containers.clear()
+
+
+class _ConfigError(Exception):
+    """What the kubelet reports as CreateContainerConfigError."""
