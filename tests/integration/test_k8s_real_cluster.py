@@ -1,0 +1,121 @@
+"""Opt-in: the Kubernetes backend against a real cluster (``AGENTNEST_K8S_TESTS=1``).
+
+No cluster can run where AgentNest is built, so this never runs in its CI:
+it is for a developer or platform team with a cluster (kind, k3s, GKE
+Sandbox...).  Set up the namespace first (docs/kubernetes.md), then::
+
+    AGENTNEST_K8S_TESTS=1 KUBECONFIG=~/.kube/config \\
+    AGENTNEST_K8S_IMAGE=registry.example/agentnest-base:1 \\
+    .venv/bin/pytest -q tests/integration/test_k8s_real_cluster.py
+
+Environment: ``AGENTNEST_K8S_IMAGE`` (an image with python3 the nodes can
+pull; required), ``AGENTNEST_K8S_NAMESPACE`` (default ``agentnest``),
+``AGENTNEST_K8S_RUNTIME_CLASS`` (default ``gvisor``; ``none`` for the
+cluster's default), ``AGENTNEST_K8S_CONTEXT``, and
+``AGENTNEST_K8S_PROBE_ADDRESSES`` (``host:port`` list, comma separated, that
+a sandbox must not reach besides the apiserver: e.g. your cloud's metadata
+address and an internet address; probing them is your decision, so none is
+probed unless you name it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from agentnest import Sandbox
+from agentnest.runtime.base import RuntimeBackend
+from agentnest.runtime.kubernetes import KubernetesBackend, KubernetesSpec
+from agentnest.testing.contract import BackendContract
+
+pytestmark = [
+    pytest.mark.kubernetes,
+    pytest.mark.skipif(
+        os.environ.get("AGENTNEST_K8S_TESTS") != "1",
+        reason="needs a Kubernetes cluster: not verified on the build machines (set AGENTNEST_K8S_TESTS=1)",
+    ),
+]
+
+
+def _backend() -> KubernetesBackend:
+    runtime_class = os.environ.get("AGENTNEST_K8S_RUNTIME_CLASS", "gvisor")
+    return KubernetesBackend(
+        KubernetesSpec(
+            namespace=os.environ.get("AGENTNEST_K8S_NAMESPACE", "agentnest"),
+            context=os.environ.get("AGENTNEST_K8S_CONTEXT") or None,
+            runtime_class_name=None if runtime_class == "none" else runtime_class,
+        )
+    )
+
+
+def _image() -> str:
+    image = os.environ.get("AGENTNEST_K8S_IMAGE")
+    if not image:
+        pytest.fail("AGENTNEST_K8S_IMAGE must name an image with python3 that the nodes can pull")
+    return image
+
+
+class TestRealCluster(BackendContract):
+    @pytest.fixture
+    def backend(self) -> Iterator[RuntimeBackend]:
+        b = _backend()
+        yield b
+        b.close()
+
+    @pytest.fixture
+    def image(self) -> str:
+        return _image()
+
+
+# Run inside the pod: every probe prints one "name verdict" line.
+PROBE = r"""
+import os, socket, sys
+def status(key):
+    for line in open('/proc/self/status'):
+        if line.startswith(key + ':'):
+            return line.split()[1]
+print('uid', os.getuid(), os.getgid())
+print('capeff', status('CapEff'))
+print('nonewprivs', status('NoNewPrivs'))
+try:
+    open('/probe', 'w'); print('root writable')
+except OSError:
+    print('root read-only')
+print('token', os.path.exists('/var/run/secrets/kubernetes.io/serviceaccount/token'))
+print('uid_map', open('/proc/self/uid_map').read().split())
+api = (os.environ.get('KUBERNETES_SERVICE_HOST', ''), int(os.environ.get('KUBERNETES_SERVICE_PORT', '443')))
+targets = [api]
+targets += [(h, int(p)) for h, p in (a.rsplit(':', 1) for a in sys.argv[1:])]
+for host, port in targets:
+    if not host:
+        continue
+    s = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET)
+    s.settimeout(3)
+    try:
+        s.connect((host, port)); print('reach', host, port, 'open')
+    except OSError:
+        print('reach', host, port, 'blocked')
+    finally:
+        s.close()
+"""
+
+
+def test_the_pod_holds_the_defaults_inside() -> None:
+    probes = [a for a in os.environ.get("AGENTNEST_K8S_PROBE_ADDRESSES", "").split(",") if a]
+    backend = _backend()
+    try:
+        with Sandbox(_image(), backend=backend, timeout=300) as sb:
+            sb.write_file("/workspace/probe.py", PROBE)
+            out = sb.exec(["python3", "/workspace/probe.py", *probes], timeout=120)
+            lines = out.stdout.splitlines()
+            assert "uid 65532 65532" in lines, out.stdout
+            assert "capeff 0000000000000000" in lines
+            assert "root read-only" in lines
+            assert "token False" in lines
+            assert not any(line.startswith("reach") and line.endswith("open") for line in lines), out.stdout
+            if os.environ.get("AGENTNEST_K8S_RUNTIME_CLASS", "gvisor") != "gvisor":
+                assert "nonewprivs 1" in lines  # gVisor's /proc/self/status has no such line
+    finally:
+        backend.close()
