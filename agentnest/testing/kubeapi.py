@@ -169,18 +169,9 @@ _DISCOVERY: dict[str, dict[str, Any]] = {
 
 
 def _status(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details is not None:
-        doc["details"] = details
-    return doc
+    from .kubecluster import status_doc
+
+    return status_doc(code, reason, message, details)
 
 
 def _make_tls(directory: Path) -> tuple[Path, Path, Path]:

@@ -75,23 +75,33 @@ RESOURCES: tuple[Resource, ...] = (
 _BY_PLURAL = {r.plural: r for r in RESOURCES}
 
 
+def status_doc(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ``metav1.Status`` of failure, as the apiserver sends it."""
+    doc: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        doc["details"] = details
+    return doc
+
+
 class ApiRefusal(Exception):
     """An apiserver answer other than success: HTTP status and a ``metav1.Status``."""
 
     def __init__(self, code: int, reason: str, message: str, **details: Any) -> None:
         super().__init__(message)
         self.code = code
-        self.status: dict[str, Any] = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": message,
-            "reason": reason,
-            "code": code,
-        }
-        if details:
-            self.status["details"] = details
+        self.status = status_doc(code, reason, message, details)
+
+    @classmethod
+    def not_found(cls, plural: str, name: str) -> ApiRefusal:
+        return cls(404, "NotFound", f'{plural} "{name}" not found', name=name, kind=plural)
 
 
 class Node:
@@ -438,9 +448,7 @@ class ClusterState:
         """A JSON merge patch (RFC 7386), with the Pod update rules the backend meets."""
         current = self.get(resource.plural, namespace, name)
         if current is None:
-            raise ApiRefusal(
-                404, "NotFound", f'{resource.plural} "{name}" not found', name=name, kind=resource.plural
-            )
+            raise ApiRefusal.not_found(resource.plural, name)
         updated = merge_patch(current, patch)
         if resource.plural == "pods":
             old = current.get("spec", {}).get("activeDeadlineSeconds")
@@ -747,25 +755,13 @@ def add_routes(app: Any, state: ClusterState, *, token: str | None = None) -> No
                 authorize(request, "get", resource.plural)
                 obj = state.get(resource.plural, ns, name)
                 if obj is None:
-                    raise ApiRefusal(
-                        404,
-                        "NotFound",
-                        f'{resource.plural} "{name}" not found',
-                        name=name,
-                        kind=resource.plural,
-                    )
+                    raise ApiRefusal.not_found(resource.plural, name)
                 return respond(200, obj)
             if request.method == "DELETE":
                 authorize(request, "delete", resource.plural)
                 obj = state.remove(resource.plural, ns, name)
                 if obj is None:
-                    raise ApiRefusal(
-                        404,
-                        "NotFound",
-                        f'{resource.plural} "{name}" not found',
-                        name=name,
-                        kind=resource.plural,
-                    )
+                    raise ApiRefusal.not_found(resource.plural, name)
                 return respond(200, obj)
             if request.method == "PATCH":
                 authorize(request, "patch", resource.plural)
