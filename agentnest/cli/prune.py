@@ -18,6 +18,10 @@ then volumes; then disk workspaces in the storage pool whose sandbox has no
 container left (their blocks go back to the host).  By default a resource goes once its deadline label has
 passed; --orphans adds those whose owner process on this host has exited;
 --all takes every AgentNest resource, running sandboxes included.
+With --kubernetes, the cluster of your kubeconfig instead: in each --namespace
+(default agentnest), the Pods, Secrets and NetworkPolicies labelled
+app.kubernetes.io/managed-by=agentnest whose deadline passed, whose pod ended,
+or whose pod is gone (--all: every one).
 Exit code 1 if anything could not be removed.
 
 examples:
@@ -25,6 +29,7 @@ examples:
   agentnest prune                    # remove what has expired
   agentnest prune --orphans          # ... and what crashed processes left
   agentnest prune --all --sandbox ID # one sandbox, whatever its state (a paused one, say)
+  agentnest prune --kubernetes --namespace agents --namespace team-b
 """
 
 
@@ -50,11 +55,28 @@ def register(commands: Commands) -> None:
     parser.add_argument(
         "--sandbox", metavar="ID", help="only the resources of this sandbox (its id, as Sandbox.id)"
     )
+    parser.add_argument(
+        "--kubernetes", action="store_true", help="prune the namespaces of a Kubernetes cluster instead"
+    )
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        metavar="NS",
+        help="with --kubernetes: a namespace to prune (repeatable; default agentnest)",
+    )
+    parser.add_argument("--context", help="with --kubernetes: the kubeconfig context")
+    parser.add_argument("--kubeconfig", help="with --kubernetes: the kubeconfig file")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     """Prune and print a table of what went (or would go)."""
+    if args.kubernetes:
+        return _kubernetes(args)
+    if args.namespace or args.context or args.kubeconfig:
+        from ..errors import ConfigurationError
+
+        raise ConfigurationError("--namespace, --context and --kubeconfig go with --kubernetes")
     from ..errors import ConfigurationError
     from ..runtime.docker import DockerBackend
     from ..runtime.docker.prune import prune
@@ -121,3 +143,49 @@ def _span(seconds: float) -> str:
 
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _kubernetes(args: argparse.Namespace) -> int:
+    from ..runtime.kubernetes.api import KubeApi
+    from ..runtime.kubernetes.connection import from_kube_config
+    from ..runtime.kubernetes.kubeconfig import load
+    from ..runtime.kubernetes.prune import prune as prune_cluster
+    from ..runtime.kubernetes.rest import KubeRest
+    from ..runtime.kubernetes.spec import check_dns_label
+
+    namespaces = list(dict.fromkeys(args.namespace or ["agentnest"]))
+    for ns in namespaces:
+        check_dns_label(ns, "--namespace", "name a namespace AgentNest creates sandboxes in")
+    if args.sandbox:
+        from ..errors import ConfigurationError
+
+        raise ConfigurationError("--sandbox is not supported with --kubernetes; delete its pod with kubectl")
+    cluster = load(args.kubeconfig, args.context)
+    rest = KubeRest(from_kube_config(cluster.configuration))
+    now = time.time()
+    try:
+        with status("looking for expired sandboxes" if args.dry_run else "pruning"):
+            result = prune_cluster(
+                [KubeApi(rest, ns) for ns in namespaces],
+                now=now,
+                dry_run=args.dry_run,
+                everything=args.everything,
+            )
+    finally:
+        rest.close()
+    if not result.removed:
+        print("nothing to prune")
+    else:
+        rows = [
+            [r.kind, f"{r.namespace}/{r.name}", r.sandbox or "-", r.reason, _deadline(r.deadline, now)]
+            for r in result.removed
+        ]
+        done = "would remove" if result.dry_run else "removed"
+        tail = " (dry run: nothing was removed)" if result.dry_run else ""
+        print(
+            f"{table(['KIND', 'NAME', 'SANDBOX', 'REASON', 'DEADLINE'], rows)}\n{done} "
+            f"{_plural(len(result.removed), 'object')}{tail}"
+        )
+    for message in result.errors:
+        error(message)
+    return 0 if result.ok else 1

@@ -1,0 +1,109 @@
+"""Remove what expired or broken sandboxes left in a cluster's namespaces.
+
+The kubelet stops a pod at ``activeDeadlineSeconds`` even when no AgentNest
+process is left, but the stopped Pod stays (``Failed``, reason
+``DeadlineExceeded``), and an object whose Pod never got created (a create
+that died between the NetworkPolicy and the Pod) has no owner to be collected
+with.  Here, in each namespace, only objects labelled
+``app.kubernetes.io/managed-by=agentnest`` are considered:
+
+* a Pod whose ``agentnest.io/deadline`` annotation has passed, or that has
+  ended (``Succeeded``/``Failed``: nothing runs in it any more);
+* a Secret or NetworkPolicy whose sandbox has no Pod left (its owner Pod
+  would have collected it);
+* with ``everything``: every one of them, running sandboxes included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ...errors import AgentNestError
+from .api import KubeApi
+from .manifests import DEADLINE, MANAGED_BY, SANDBOX_ID
+
+__all__ = ["PruneResult", "Pruned", "prune"]
+
+_SELECTOR = f"{MANAGED_BY}=agentnest"
+_KINDS = ("Pod", "Secret", "NetworkPolicy")
+
+
+@dataclass(frozen=True)
+class Pruned:
+    namespace: str
+    kind: str
+    name: str
+    sandbox: str | None
+    reason: str
+    deadline: float | None
+
+
+@dataclass
+class PruneResult:
+    removed: list[Pruned] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def _deadline(obj: dict[str, object]) -> float | None:
+    meta = obj.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    raw = annotations.get(DEADLINE) if isinstance(annotations, dict) else None
+    try:
+        return float(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+
+
+def prune(
+    apis: Iterable[KubeApi], *, now: float, dry_run: bool = False, everything: bool = False
+) -> PruneResult:
+    """Prune each namespace ``apis`` covers (one :class:`KubeApi` per namespace)."""
+    result = PruneResult(dry_run=dry_run)
+    for api in apis:
+        try:
+            found = {kind: api.find(kind, labels=_SELECTOR) for kind in _KINDS}
+        except AgentNestError as exc:
+            result.errors.append(f"namespace {api.namespace}: {exc}")
+            continue
+        live_sandboxes: set[str] = set()
+        doomed: list[Pruned] = []
+        for pod in found["Pod"]:
+            meta = pod.get("metadata") or {}
+            sandbox = (meta.get("labels") or {}).get(SANDBOX_ID)
+            deadline = _deadline(pod)
+            phase = (pod.get("status") or {}).get("phase")
+            if everything:
+                reason = "all"
+            elif phase in ("Succeeded", "Failed"):
+                reason = f"ended ({(pod.get('status') or {}).get('reason') or phase})"
+            elif deadline is not None and deadline <= now:
+                reason = "expired"
+            else:
+                if sandbox:
+                    live_sandboxes.add(sandbox)
+                continue
+            doomed.append(Pruned(api.namespace, "Pod", str(meta.get("name")), sandbox, reason, deadline))
+        going = {d.sandbox for d in doomed}
+        for kind in ("Secret", "NetworkPolicy"):
+            for obj in found[kind]:
+                meta = obj.get("metadata") or {}
+                sandbox = (meta.get("labels") or {}).get(SANDBOX_ID)
+                if not everything and sandbox in live_sandboxes:
+                    continue
+                reason = "all" if everything else "its pod goes" if sandbox in going else "its pod is gone"
+                doomed.append(Pruned(api.namespace, kind, str(meta.get("name")), sandbox, reason, None))
+        for item in doomed:
+            if not dry_run:
+                try:
+                    api.delete(item.kind, item.name)
+                except AgentNestError as exc:
+                    result.errors.append(f"{item.kind} {api.namespace}/{item.name}: {exc}")
+                    continue
+            result.removed.append(item)
+    return result

@@ -1,0 +1,92 @@
+"""``agentnest prune --kubernetes`` against the cluster double: what expired, ended or lost its pod goes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("kubernetes")
+pytest.importorskip("aiohttp")
+
+from agentnest.cli import main
+from agentnest.config import SandboxConfig
+from agentnest.runtime.kubernetes import KubernetesBackend, KubernetesSpec, manifests
+from agentnest.secrets import Secret
+from agentnest.testing.kubeapi import FakeKubeAPI
+from agentnest.testing.kubecluster import ClusterState, NullNode
+
+NS = "agentnest"
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[ClusterState, str]]:
+    state = ClusterState(node=NullNode())
+    state.add_namespace(NS)
+    state.add_namespace("other")
+    state.add_runtime_class("gvisor", "runsc")
+    with FakeKubeAPI(cluster=state) as api:
+        yield state, str(api.write_kubeconfig())
+
+
+def names(state: ClusterState, plural: str) -> set[str]:
+    return {o["metadata"]["name"] for o in state.list(plural, NS)}
+
+
+def test_prune_removes_what_expired_ended_or_lost_its_pod(
+    cluster: tuple[ClusterState, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    state, kubeconfig = cluster
+    backend = KubernetesBackend(KubernetesSpec(namespace=NS, kubeconfig=kubeconfig), start_timeout=10)
+    config = SandboxConfig(image="agentnest/base:1", environment={"K": Secret("v")})
+    live, expired, ended = (backend.create(config) for _ in range(3))
+    # Expired: its deadline annotation has passed (the process that held it died).
+    pod = state.get("pods", NS, expired.info["pod"])
+    assert pod is not None
+    pod["metadata"]["annotations"][manifests.DEADLINE] = str(int(time.time()) - 10)
+    state.put("pods", pod)
+    # Ended: the kubelet stopped it at activeDeadlineSeconds.
+    state.set_pod_status(NS, ended.info["pod"], phase="Failed", reason="DeadlineExceeded")
+    # A create that died between its Secret and its Pod: nothing owns the Secret.
+    state.put(
+        "secrets",
+        {
+            "metadata": {
+                "name": "stray",
+                "namespace": NS,
+                "labels": {manifests.MANAGED_BY: "agentnest", manifests.SANDBOX_ID: "dead0"},
+            }
+        },
+    )
+    # Not ours: never touched.
+    state.put("secrets", {"metadata": {"name": "theirs", "namespace": NS}})
+
+    before = {p: names(state, p) for p in ("pods", "secrets", "networkpolicies")}
+    assert main(["prune", "--kubernetes", "--kubeconfig", kubeconfig, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "dry run: nothing was removed" in out and "DeadlineExceeded" in out and "expired" in out
+    assert {p: names(state, p) for p in before} == before
+
+    assert main(["prune", "--kubernetes", "--kubeconfig", kubeconfig]) == 0
+    assert names(state, "pods") == {live.info["pod"]}
+    assert names(state, "secrets") == {f"{live.info['pod']}-env", "theirs"}
+    assert names(state, "networkpolicies") == {live.info["pod"]}
+
+    assert main(["prune", "--kubernetes", "--kubeconfig", kubeconfig, "--all"]) == 0
+    assert names(state, "pods") == set() and names(state, "secrets") == {"theirs"}
+    backend.close()
+
+
+def test_prune_refuses_kubernetes_options_without_kubernetes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["prune", "--namespace", "x"]) != 0
+    assert "go with --kubernetes" in capsys.readouterr().err
+
+
+def test_a_bad_namespace_is_refused(
+    cluster: tuple[ClusterState, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    state, kubeconfig = cluster
+    assert main(["prune", "--kubernetes", "--kubeconfig", kubeconfig, "--namespace", "Bad_NS"]) != 0
+    assert "'Bad_NS' is not a DNS label" in capsys.readouterr().err
+    assert state.calls == []  # refused before any call
