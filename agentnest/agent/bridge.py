@@ -44,20 +44,25 @@ def relay(path: str, wait: float = 0.0) -> int:
             return 3
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
     out = sock.fileno()
+    # poll, not select: under gVisor with the runtime's default seccomp
+    # profile (--oci-seccomp) select(2) fails with EPERM.
+    poller = select.poll()
+    for fd in (stdin, out):
+        poller.register(fd, select.POLLIN)
     while True:
-        ready, _, _ = select.select([stdin, out], [], [])
-        if stdin in ready:
-            data = os.read(stdin, CHUNK)
-            if not data:
-                return 0  # the host is done (or the exec stream was closed)
-            sock.sendall(data)
-        if out in ready:
-            data = sock.recv(CHUNK)
-            if not data:
-                return 0  # the agent closed this connection (another host took over)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(stdout, view) :]
+        for fd, _ in poller.poll():
+            if fd == stdin:
+                data = os.read(stdin, CHUNK)
+                if not data:
+                    return 0  # the host is done (or the exec stream was closed)
+                sock.sendall(data)
+            else:
+                data = sock.recv(CHUNK)
+                if not data:
+                    return 0  # the agent closed this connection (another host took over)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(stdout, view) :]
 
 
 if __name__ == "__main__":

@@ -86,8 +86,12 @@ class Agent:
                 n = os.write(self.wfd, data)
             except (BlockingIOError, InterruptedError):
                 # stdin and stdout may share one non-blocking file description
-                # (a socket): wait until the host drains.
-                select.select([], [self.wfd], [], 1.0)
+                # (a socket): wait until the host drains.  poll, not select:
+                # under gVisor with the runtime's default seccomp profile
+                # (--oci-seccomp) select(2) fails with EPERM.
+                waiter = select.poll()
+                waiter.register(self.wfd, select.POLLOUT)
+                waiter.poll(1000)
                 continue
             except (BrokenPipeError, ConnectionResetError):
                 self._host_gone()

@@ -149,7 +149,10 @@ class DockerNode(Node):
             except Exception:  # requests' ReadTimeout: still running
                 result = None
             if result is not None:
-                created.reload()
+                try:
+                    created.reload()
+                except docker.errors.NotFound:
+                    return  # removed: the pod was deleted meanwhile
                 oom = bool(created.attrs.get("State", {}).get("OOMKilled"))
                 code = int(result.get("StatusCode", -1))
                 why = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
