@@ -17,7 +17,8 @@ rows it has (fork, snapshot/restore, read/write_file, pool back to back) in the 
 and prints them next to ours with the ratio ours/0.3.0 (seed.py, seed_driver.py).
 
 Shared pieces live beside this file: harness.py (plans, statistics, the report, cleanup,
-the docker-py floor) and egress.py (step E).
+the docker-py floor), egress.py (step E) and kube.py (step K: the Kubernetes
+backend through the cluster double).
 
 What each measurement is, and why, is in docs/benchmarks.md.
 """
@@ -79,6 +80,7 @@ from harness import (  # noqa: E402
     summary,
     timed,
 )
+from kube import bench_kube  # noqa: E402
 from live import bench_live  # noqa: E402
 
 import agentnest  # noqa: E402
@@ -1152,6 +1154,7 @@ def run_backend(
         ("L", "live state (gVisor)", lambda: bench_live(backend, floor, plan)),
         ("E", "egress allowlist", lambda: bench_egress(backend, plan)),
         ("D", "disk workspaces: host disk", lambda: bench_disk(backend, plan)),
+        ("K", "kubernetes backend (cluster double)", lambda: bench_kube(backend, plan)),
     ]
     results: list[Result] = []
     for key, name, step in steps:
