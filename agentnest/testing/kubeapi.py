@@ -492,7 +492,11 @@ class FakeKubeAPI:
         return web.Response(status=status, text=json.dumps(doc), content_type="application/json")
 
     def _refuse(self, code: int, reason: str, message: str, **details: Any) -> Any:
-        return self._json(_status(code, reason, message, details or None), code)
+        response = self._json(_status(code, reason, message, details or None), code)
+        # A refused upgrade ends its connection, as the apiserver's does: a
+        # websocket client left waiting on a kept-alive one hung now and then.
+        response.force_close()
+        return response
 
     def _check_auth(self, request: Any) -> Any:
         if len(self.paths) < 1000:
