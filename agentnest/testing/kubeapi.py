@@ -462,6 +462,10 @@ class FakeKubeAPI:
         site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=context)
         await site.start()
         self.port = self._runner.addresses[0][1]
+        if self.cluster is not None and self.cluster.apiserver is None:
+            # What the kubelet puts in KUBERNETES_SERVICE_HOST/_PORT: a pod on
+            # the node's network reaches this server there.
+            self.cluster.apiserver = ("127.0.0.1", self.port)
 
     async def _stop(self) -> None:
         for proc in list(self._procs):

@@ -172,6 +172,8 @@ class ClusterState:
     loop: asyncio.AbstractEventLoop | None = None
     calls: list[tuple[str, str]] = field(default_factory=list)
     """Every request as ``(method, path)``, for tests that count API calls."""
+    apiserver: tuple[str, int] | None = None
+    """The apiserver's address as pods see it (the ``kubernetes`` Service); set by ``FakeKubeAPI``."""
 
     # ------------------------------------------------------------------ objects
 

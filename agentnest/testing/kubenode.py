@@ -46,6 +46,10 @@ class DockerNode(Node):
         pod_pids_limit: the node's ``podPidsLimit`` (there is no pod field).
         images: image name -> the local image the node runs for it (a node's
             registry mirror, or images pre-loaded under another name).
+        enforce_network_policies: ``False`` plays a network plugin that
+            stores NetworkPolicies and ignores them (kubenet, flannel): every
+            pod then shares the node's network (``host``; gVisor's
+            ``runsc-host``), so it reaches the apiserver on loopback.
     """
 
     def __init__(
@@ -55,6 +59,7 @@ class DockerNode(Node):
         seccomp_root: Path | None = None,
         pod_pids_limit: int = 1024,
         images: Mapping[str, str] | None = None,
+        enforce_network_policies: bool = True,
     ) -> None:
         if client is None:
             import docker
@@ -64,6 +69,7 @@ class DockerNode(Node):
         self.seccomp_root = seccomp_root
         self.pod_pids_limit = pod_pids_limit
         self.images = dict(images or {})
+        self.enforce_network_policies = enforce_network_policies
         self._containers: dict[str, str] = {}  # pod uid -> container id
         self._lock = threading.Lock()
         self._runtimes: set[str] | None = None
@@ -196,6 +202,10 @@ class DockerNode(Node):
         elif seccomp.get("type") == "Unconfined":
             security_opt.append("seccomp=unconfined")
         env: dict[str, str] = {}
+        if cluster.apiserver is not None:
+            # The kubelet sets these in every container, whatever enableServiceLinks says.
+            env["KUBERNETES_SERVICE_HOST"], port = cluster.apiserver[0], cluster.apiserver[1]
+            env["KUBERNETES_SERVICE_PORT"] = str(port)
         for item in container.get("env") or []:
             if "value" in item:
                 env[item["name"]] = str(item["value"])
@@ -249,12 +259,18 @@ class DockerNode(Node):
             "tmpfs": tmpfs,
             "working_dir": container.get("workingDir") or None,
             "runtime": handler,
-            "network_mode": "none" if self._isolated(cluster, pod) else "bridge",
+            "network_mode": "bridge",
             "pids_limit": self.pod_pids_limit,
             "stdin_open": False,
             "tty": False,
             "detach": True,
         }
+        if not self.enforce_network_policies:
+            kwargs["network_mode"] = "host"
+            if handler == "runsc" and "runsc-host" in self._known_runtimes():
+                kwargs["runtime"] = "runsc-host"  # gVisor's own stack would hide the node's loopback
+        elif self._isolated(cluster, pod):
+            kwargs["network_mode"] = "none"
         if uid is not None:
             kwargs["user"] = f"{uid}:{gid}" if gid is not None else str(uid)
         fs_group = pod_sc.get("fsGroup")

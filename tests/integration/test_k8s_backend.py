@@ -11,6 +11,7 @@ scheduling) is in the opt-in suite (docs/kubernetes.md).
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 
@@ -20,7 +21,7 @@ pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
 
 from agentnest import Sandbox
-from agentnest.errors import SandboxDestroyedError
+from agentnest.errors import SandboxDestroyedError, VerificationError
 from agentnest.events import EventType, MemoryObserver
 from agentnest.runtime.base import RuntimeBackend
 from agentnest.runtime.docker import base_image
@@ -36,9 +37,16 @@ from agentnest.testing.wait import wait_until
 NS = "agentnest"
 
 
+def free_loopback_port() -> int:
+    """A loopback TCP port nothing listens on (UDP to it is refused too)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class Double:
-    def __init__(self) -> None:
-        self.state = ClusterState(node=DockerNode())
+    def __init__(self, *, enforce_network_policies: bool = True) -> None:
+        self.state = ClusterState(node=DockerNode(enforce_network_policies=enforce_network_policies))
         self.state.add_namespace(NS, {"pod-security.kubernetes.io/enforce": "restricted"})
         self.state.add_runtime_class("gvisor", "runsc")
         self.api = FakeKubeAPI(cluster=self.state).start()
@@ -162,3 +170,70 @@ def test_a_pod_deleted_under_a_sandbox_is_a_destroyed_sandbox(
             sb.exec_shell("echo hi", timeout=30)
         assert time.monotonic() - started < 30
     assert double.state.list("pods", NS) == []
+
+
+# -- the in-pod network check ------------------------------------------------------------
+
+
+def test_the_sandbox_is_handed_out_only_after_its_pod_proved_its_network_denied(
+    backend: KubernetesBackend,
+) -> None:
+    # The node isolates the pod (no network but loopback), so every default
+    # target (apiserver, metadata, cluster DNS, internet) fails locally: no
+    # packet leaves.
+    with Sandbox(base_image(), backend=backend, timeout=120) as sb:
+        seen = sb.handle.info["network_check"]
+        assert {line.split()[0] for line in seen} == {"apiserver", "metadata", "dns", "internet"}
+        # The apiserver the kubelet names to the pod (KUBERNETES_SERVICE_HOST) was tried.
+        assert any(line.startswith("apiserver 127.0.0.1:") for line in seen), seen
+        assert all("connected" not in line and "answered" not in line for line in seen), seen
+
+
+@pytest.fixture(scope="module")
+def leaky() -> Iterator[Double]:
+    """A cluster whose network plugin stores NetworkPolicies and ignores them."""
+    d = Double(enforce_network_policies=False)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("runtime_class", RUNTIMES)
+def test_a_pod_that_reaches_the_apiserver_is_deleted_never_handed_out(
+    leaky: Double, runtime_class: str | None
+) -> None:
+    closed = free_loopback_port()
+    spec = KubernetesSpec(
+        namespace=NS,
+        kubeconfig=leaky.kubeconfig,
+        runtime_class_name=runtime_class,
+        # The pod shares this machine's network here: every target but the
+        # apiserver (the fake one, on loopback) is a closed loopback port, so
+        # the check sends nothing beyond this machine.
+        network_probes={n: f"127.0.0.1:{closed}" for n in ("metadata", "dns", "internet")},
+    )
+    backend = KubernetesBackend(spec, start_timeout=60)
+    try:
+        started = time.monotonic()
+        with pytest.raises(VerificationError) as info:
+            Sandbox(base_image(), backend=backend, timeout=120)
+        assert time.monotonic() - started < 60
+        message = str(info.value)
+        assert f"apiserver 127.0.0.1:{leaky.api.port}/tcp (connected)" in message
+        assert "does not enforce NetworkPolicies" in message
+        # The closed ports were tried and counted as blocked, not as reached.
+        assert "metadata" not in message
+        for plural in ("pods", "secrets", "networkpolicies"):
+            assert leaky.state.list(plural, NS) == [], plural
+        wait_until(
+            lambda: (
+                not leaky.state.node.client.containers.list(  # type: ignore[attr-defined]
+                    all=True, filters={"label": "agentnest.kubedouble"}
+                )
+            ),
+            "the pod's container to be removed",
+            within=30,
+        )
+    finally:
+        backend.close()

@@ -20,6 +20,7 @@ probed unless you name it).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 
@@ -117,5 +118,21 @@ def test_the_pod_holds_the_defaults_inside() -> None:
             assert not any(line.startswith("reach") and line.endswith("open") for line in lines), out.stdout
             if os.environ.get("AGENTNEST_K8S_RUNTIME_CLASS", "gvisor") != "gvisor":
                 assert "nonewprivs 1" in lines  # gVisor's /proc/self/status has no such line
+    finally:
+        backend.close()
+
+
+def test_the_backend_proved_the_pod_s_network_denied_before_handing_it_out() -> None:
+    # The backend's own in-pod check (netcheck) ran on the defaults plus the
+    # addresses given here; a cluster whose CNI ignores NetworkPolicies fails
+    # this at create with VerificationError, never a handed-out sandbox.
+    probes = [a for a in os.environ.get("AGENTNEST_K8S_PROBE_ADDRESSES", "").split(",") if a]
+    base = _backend()
+    extra = {f"extra{i}": address for i, address in enumerate(probes)}
+    backend = KubernetesBackend(dataclasses.replace(base.spec, network_probes=extra))
+    try:
+        with Sandbox(_image(), backend=backend, timeout=300) as sb:
+            seen = sb.handle.info["network_check"]
+            assert {line.split()[0] for line in seen} >= {"apiserver", "metadata", "dns", "internet", *extra}
     finally:
         backend.close()

@@ -20,6 +20,13 @@ from agentnest.testing.kubecluster import ClusterState, NullNode
 NS = "agentnest"
 
 
+@pytest.fixture(autouse=True)
+def _no_in_pod_network_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NullNode runs no container to exec the check in; the check itself runs
+    # against real pods in tests/integration/test_k8s_backend.py.
+    monkeypatch.setattr(KubernetesBackend, "_check_network", lambda self, pod: [])
+
+
 @pytest.fixture
 def cluster() -> Iterator[tuple[ClusterState, str]]:
     state = ClusterState(node=NullNode())

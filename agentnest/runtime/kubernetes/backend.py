@@ -6,7 +6,10 @@ the Pod read back and its hardening compared as sent (a field a feature gate
 drops is a refusal, never a silently weaker sandbox); the Secret and policy
 made the Pod's (``ownerReferences``) so deleting the Pod collects them; then
 a bounded wait for the pod to run, with the cluster's own reason when it does
-not (:mod:`.reasons`).  The sandbox is handed out only once the agent answered
+not (:mod:`.reasons`); then, from inside the pod, proof that the apiserver,
+the metadata address, the cluster DNS and the internet are out of reach
+(:mod:`.netcheck`: a stored NetworkPolicy proves nothing where the network
+plugin ignores it).  The sandbox is handed out only once the agent answered
 through the exec channel, not when the pod is "Running".
 
 open_channel: an exec of ``agent/bridge.py`` (the pod's main process is the
@@ -29,13 +32,21 @@ from typing import Any
 
 from ...channel.streams import ByteStream
 from ...config import SandboxConfig
-from ...errors import AgentNestError, BackendError, SandboxDestroyedError, UnsupportedCapabilityError
+from ...errors import (
+    AgentNestError,
+    BackendError,
+    ExecutionTimeoutError,
+    SandboxDestroyedError,
+    UnsupportedCapabilityError,
+    VerificationError,
+)
 from ...policy import NetworkMode
 from ..base import Capability, RuntimeBackend, SandboxHandle
 from ..bootstrap import bridge_command
 from ..bootstrap import command as bootstrap_command
-from . import manifests
+from . import manifests, netcheck
 from .lint import check
+from .netcheck import Outcome
 from .spec import KubernetesSpec
 
 __all__ = ["KubernetesBackend"]
@@ -161,6 +172,7 @@ class KubernetesBackend(RuntimeBackend):
                 if kind != "Pod":
                     api.patch(kind, name, {"metadata": {"ownerReferences": _owner(pod_name, uid)}})
             api.wait_running(pod_name, self.start_timeout)
+            checked = self._check_network(pod_name)
         except BaseException:
             self._remove(api, created)
             raise
@@ -181,8 +193,35 @@ class KubernetesBackend(RuntimeBackend):
                 # Sandbox reconnects with the ids after its last (sessions and
                 # commands live on).
                 "reattach": True,
+                # What the in-pod network check saw (all blocked, or no hand-out).
+                "network_check": [str(o) for o in checked],
             },
         )
+
+    def _check_network(self, pod_name: str) -> list[Outcome]:
+        """Prove from inside the pod that its network is denied (:mod:`.netcheck`); fail closed."""
+        from .connection import ExecTarget
+        from .wsexec import run
+
+        _, connection = self._cluster()
+        wanted = netcheck.targets(self.spec.network_probes, connection.host)
+        timeout = self.spec.network_probe_timeout
+        target = ExecTarget(connection, self.spec.namespace, pod_name, "sandbox")
+        argv = netcheck.probe_argv(self.spec.python, wanted, timeout)
+        try:
+            # UDP then TCP for DNS: twice the probe timeout, plus an interpreter's start.
+            code, out, err = run(target, argv, timeout=2 * timeout + 30, max_output=netcheck.MAX_OUTPUT)
+        except ExecutionTimeoutError:
+            raise VerificationError(
+                f"pod {pod_name}: the in-pod network check did not finish; the pod was deleted"
+            ) from None
+        if code != 0:
+            tail = err[-300:].decode("utf-8", "replace")
+            raise VerificationError(
+                f"pod {pod_name}: the in-pod network check failed (exit {code}): {tail!r}; "
+                f"the image needs {self.spec.python} (KubernetesSpec(python=...)); the pod was deleted"
+            )
+        return netcheck.judge(out, wanted)
 
     @staticmethod
     def _check_stored(sent: dict[str, Any], stored: dict[str, Any]) -> None:

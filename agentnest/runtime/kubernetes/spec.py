@@ -92,6 +92,28 @@ def _tolerations(value: object) -> tuple[Mapping[str, Any], ...]:
     return tuple(out)
 
 
+_PROBE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+
+
+def _network_probes(value: object) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"network_probes={value!r:.80} must map names to addresses, "
+            "e.g. {'metadata': '169.254.169.254:80'}"
+        )
+    from .netcheck import parse_addresses  # pure; kept out of import time
+
+    out: dict[str, str] = {}
+    for name, addresses in value.items():
+        if not isinstance(name, str) or not _PROBE_NAME.match(name):
+            raise ConfigurationError(
+                f"network_probes key {name!r:.40} must be a short lowercase name such as 'metadata'"
+            )
+        parse_addresses(name, addresses)  # raises ConfigurationError naming the bad one
+        out[name] = str(addresses)
+    return MappingProxyType(out)
+
+
 @dataclass(frozen=True, slots=True)
 class KubernetesSpec:
     """Knobs of the Kubernetes backend.
@@ -130,6 +152,16 @@ class KubernetesSpec:
             ``None`` uses the policy's ``egress_proxy_image``, else the sandbox's image.
         proxy_runtime_class_name: the RuntimeClass of the proxy pod
             (``None``: the cluster's default, as the Docker proxy runs on runc).
+        network_probes: where the in-pod network check looks before a sandbox
+            is handed out (:mod:`.netcheck`), by name: ``apiserver``
+            (default ``@service:443``, the address the kubelet gives pods),
+            ``metadata`` (``169.254.169.254:80``), ``dns`` (``@resolv:53``,
+            the pod's nameservers) and ``internet`` (``1.1.1.1:443``); each
+            value is ``IP:PORT`` (``[IPv6]:PORT``) or several, comma-separated.
+            Other names add targets, e.g. ``{"registry": "10.0.0.5:5000"}``.
+            Every one must be unreachable, or the pod is deleted.
+        network_probe_timeout: how long (seconds) each probe waits for an answer;
+            a policy that drops packets costs this once per sandbox start.
 
     .. versionadded:: 0.4.0
     """
@@ -152,6 +184,8 @@ class KubernetesSpec:
     python: str = "python3"
     proxy_image: str | None = None
     proxy_runtime_class_name: str | None = None
+    network_probes: Mapping[str, str] = field(default_factory=dict, hash=False)
+    network_probe_timeout: float = 1.0
 
     def __post_init__(self) -> None:
         if self.type != "kubernetes":
@@ -209,6 +243,12 @@ class KubernetesSpec:
         )
         if not isinstance(self.python, str) or not self.python or any(c.isspace() for c in self.python):
             raise ConfigurationError(f"python={self.python!r} must be an interpreter name such as 'python3'")
+        object.__setattr__(self, "network_probes", _network_probes(self.network_probes))
+        timeout: object = self.network_probe_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0.05 <= timeout <= 30:
+            raise ConfigurationError(
+                f"network_probe_timeout={timeout!r:.40} must be a number of seconds from 0.05 to 30"
+            )
         if self.proxy_image is not None and (
             not isinstance(self.proxy_image, str)
             or not self.proxy_image.strip()
