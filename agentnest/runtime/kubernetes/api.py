@@ -24,7 +24,7 @@ from ...errors import BackendError, SandboxDestroyedError
 from .reasons import pod_verdict
 from .rest import FIELD_MANAGER, KubeRest, path
 
-__all__ = ["KIND_PATHS", "KubeApi", "hardening_drift"]
+__all__ = ["KIND_PATHS", "KubeApi", "hardening_drift", "pod_running"]
 
 #: kind -> (group/version, plural), for the objects AgentNest writes.
 KIND_PATHS: dict[str, tuple[str, str, bool]] = {
@@ -191,7 +191,7 @@ class KubeApi:
         while True:
             if pod is None:
                 raise SandboxDestroyedError(f"sandbox pod {name} was deleted while it started")
-            if _running(pod):
+            if pod_running(pod):
                 return pod
             verdict = pod_verdict(pod, self.events(name))
             if verdict.error is not None:
@@ -223,13 +223,13 @@ class KubeApi:
                     break
                 if event.get("type") in ("ADDED", "MODIFIED"):
                     pod = event["object"]
-                    if _running(pod) or pod_verdict(pod).final:
+                    if pod_running(pod) or pod_verdict(pod).final:
                         break
             else:
                 pod = self.get("Pod", name)
 
 
-def _running(pod: Mapping[str, Any]) -> bool:
+def pod_running(pod: Mapping[str, Any]) -> bool:
     if _dig(pod, ("status", "phase")) != "Running" or _dig(pod, ("metadata", "deletionTimestamp")):
         return False
     statuses = _dig(pod, ("status", "containerStatuses")) or []

@@ -284,14 +284,14 @@ class KubernetesBackend(RuntimeBackend):
             raise errors[0]
 
     def is_running(self, handle: SandboxHandle) -> bool:
-        from .api import _running
+        from .api import pod_running
 
         api, _ = self._cluster()
         try:
             pod = api.get("Pod", handle.info["pod"])
         except AgentNestError:
             return False
-        return pod is not None and _running(pod)
+        return pod is not None and pod_running(pod)
 
     def exit_reason(self, handle: SandboxHandle) -> str | None:
         from .reasons import pod_verdict

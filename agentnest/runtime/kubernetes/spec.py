@@ -28,24 +28,29 @@ _TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _LOCALHOST_PROFILE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 
 
+def _check_name(value: object, what: str, fix: str, *, subdomain: bool) -> str:
+    pattern, limit, shape = (
+        (_DNS_SUBDOMAIN, 253, "a DNS subdomain (lowercase labels joined by '.', at most 253 characters)")
+        if subdomain
+        else (
+            _DNS_LABEL,
+            63,
+            "a DNS label (lowercase letters, digits and '-', at most 63, starting and ending alphanumeric)",
+        )
+    )
+    if not isinstance(value, str) or len(value) > limit or not pattern.match(value):
+        raise ConfigurationError(f"{what}={value!r:.80} is not {shape}; {fix}")
+    return value
+
+
 def check_dns_label(value: object, what: str, fix: str) -> str:
     """``value`` if it is an RFC 1123 label (namespaces, most object names), else ConfigurationError."""
-    if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL.match(value):
-        raise ConfigurationError(
-            f"{what}={value!r:.80} is not a DNS label (lowercase letters, digits and '-', "
-            f"at most 63, starting and ending alphanumeric); {fix}"
-        )
-    return value
+    return _check_name(value, what, fix, subdomain=False)
 
 
 def check_dns_subdomain(value: object, what: str, fix: str) -> str:
     """``value`` if it is an RFC 1123 subdomain (class and secret names), else ConfigurationError."""
-    if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
-        raise ConfigurationError(
-            f"{what}={value!r:.80} is not a DNS subdomain (lowercase labels joined by '.', "
-            f"at most 253 characters); {fix}"
-        )
-    return value
+    return _check_name(value, what, fix, subdomain=True)
 
 
 def _optional_name(value: object, what: str, fix: str) -> None:
