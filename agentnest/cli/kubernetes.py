@@ -3,9 +3,10 @@
 ``manifest`` prints the objects one sandbox gets (its Pod, NetworkPolicies,
 the egress proxy's objects, its Secret without values), one document each,
 so a platform team can review or lint them before anything reaches a
-cluster.  ``setup NAMESPACE --dry-run`` prints the namespace's objects (PSA
-labels, ResourceQuota, LimitRange, Role, RoleBinding).  Both are pure: no
-cluster is contacted and ``kubernetes`` is not imported.
+cluster.  ``setup NAMESPACE`` creates (or brings up to date) the namespace's
+objects (PSA labels, ResourceQuota, LimitRange, Role, RoleBinding) and checks
+the RuntimeClass; with ``--dry-run`` it prints them instead.  ``manifest``
+and ``--dry-run`` are pure: no cluster is contacted.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import parse_size
-from ..errors import AgentNestError, ConfigurationError
+from ..errors import ConfigurationError
 from ._output import Commands, add_command, add_profile_options, env_pair, error, positive_float
 
 _EPILOG = """\
@@ -34,6 +35,7 @@ examples:
   agentnest kubernetes manifest --network allowlist --allow-domain pypi.org -o json
   agentnest kubernetes manifest --profile strict --namespace sandboxes --memory 1g
   agentnest kubernetes setup agentnest --dry-run --service-account agentnest
+  agentnest kubernetes setup agentnest --context prod --pods 100 --quota-memory 64g
 """
 
 #: The placeholder value of ``--secret NAME`` (printed redacted either way).
@@ -108,7 +110,7 @@ def register(commands: Commands) -> None:
 
     setup = sub.add_parser(
         "setup",
-        help="print (--dry-run) the objects of a sandbox namespace",
+        help="create or update a sandbox namespace (--dry-run: print its objects)",
         description="The namespace with PSA restricted labels, a ResourceQuota, a LimitRange, "
         "the backend's Role and a RoleBinding.",
         epilog=_EPILOG,
@@ -129,6 +131,13 @@ def register(commands: Commands) -> None:
     setup.add_argument(
         "--pod-security-version", default="latest", help="PSA policy version (default: latest)"
     )
+    setup.add_argument(
+        "--runtime-class",
+        default="gvisor",
+        help="the RuntimeClass sandboxes use, checked to exist ('none': skip; default: gvisor)",
+    )
+    setup.add_argument("--context", help="the kubeconfig context (default: the current one)")
+    setup.add_argument("--kubeconfig", help="the kubeconfig file (default: $KUBECONFIG, ~/.kube/config)")
     setup.set_defaults(handler=handle_setup)
     parser.set_defaults(handler=lambda args: _usage(parser))
 
@@ -241,7 +250,7 @@ def handle_manifest(args: argparse.Namespace) -> int:
 
 
 def handle_setup(args: argparse.Namespace) -> int:
-    """Print the namespace's objects (``--dry-run``); creating them needs the cluster client."""
+    """Create or update the namespace's objects (``--dry-run``: print them)."""
     from ..runtime.kubernetes.manifests import setup_objects
 
     if args.user:
@@ -259,10 +268,33 @@ def handle_setup(args: argparse.Namespace) -> int:
         cpus=args.quota_cpus,
         pod_security_version=args.pod_security_version,
     )
-    if not args.dry_run:
-        raise AgentNestError(
-            "creating the namespace is not available yet; print the objects with --dry-run and "
-            "apply them with `kubectl apply -f -`"
-        )
-    sys.stdout.write(dump(objects, args.output))
+    if args.dry_run:
+        sys.stdout.write(dump(objects, args.output))
+        return 0
+    return _apply_setup(args, objects)
+
+
+def _apply_setup(args: argparse.Namespace, objects: list[dict[str, Any]]) -> int:
+    """Create or update the objects in the cluster of the kubeconfig, then check the RuntimeClass."""
+    from ..runtime.kubernetes.api import KubeApi
+    from ..runtime.kubernetes.connection import from_kube_config
+    from ..runtime.kubernetes.kubeconfig import load
+    from ..runtime.kubernetes.rest import KubeRest
+    from ..runtime.kubernetes.setup import apply_setup
+
+    cluster = load(args.kubeconfig, args.context)
+    rest = KubeRest(from_kube_config(cluster.configuration))
+    runtime_class = None if args.runtime_class == "none" else args.runtime_class
+    try:
+        report = apply_setup(KubeApi(rest, args.namespace), objects, runtime_class=runtime_class)
+    finally:
+        rest.close()
+    for verb, kind, name in report.actions:
+        print(f"{verb:9} {kind} {name}")
+    if report.runtime_class_problem:
+        error(report.runtime_class_problem)
+        # Not found is a setup that cannot run sandboxes as configured; unreadable is only a warning.
+        return 1 if report.runtime_class_found is False else 0
+    if runtime_class is not None:
+        print(f"RuntimeClass {runtime_class} exists")
     return 0

@@ -1,4 +1,7 @@
-"""``agentnest kubernetes manifest`` and ``setup --dry-run``, through ``main(argv)``."""
+"""``agentnest kubernetes manifest`` and ``setup --dry-run``, through ``main(argv)``.
+
+The live ``setup`` is in test_k8s_setup.py.
+"""
 
 from __future__ import annotations
 
@@ -191,11 +194,11 @@ def test_setup_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
     }
 
 
-def test_setup_without_dry_run_says_what_to_do(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "kubernetes", "setup", "tenant-a")
+def test_setup_without_a_kubeconfig_names_the_fix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = run(capsys, "kubernetes", "setup", "tenant-a", "--kubeconfig", str(tmp_path / "none"))
     assert code == 1
     assert out == ""
-    assert "--dry-run" in err
+    assert "kubeconfig" in err and str(tmp_path / "none") in err
 
 
 def test_kubernetes_without_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,7 +24,7 @@ from ...errors import BackendError, SandboxDestroyedError
 from .reasons import pod_verdict
 from .rest import FIELD_MANAGER, KubeRest, path
 
-__all__ = ["KIND_PATHS", "KubeApi", "hardening_drift", "pod_running"]
+__all__ = ["KIND_PATHS", "KubeApi", "covers", "hardening_drift", "pod_running"]
 
 #: kind -> (group/version, plural), for the objects AgentNest writes.
 KIND_PATHS: dict[str, tuple[str, str, bool]] = {
@@ -61,22 +61,22 @@ def _dig(obj: Mapping[str, Any], keys: Iterable[str]) -> Any:
     return value
 
 
-def _covers(sent: Any, stored: Any) -> bool:
+def covers(sent: Any, stored: Any) -> bool:
     """Whether everything ``sent`` holds is in ``stored`` (the server may add defaults)."""
     if isinstance(sent, Mapping):
-        return isinstance(stored, Mapping) and all(_covers(v, stored.get(k)) for k, v in sent.items())
+        return isinstance(stored, Mapping) and all(covers(v, stored.get(k)) for k, v in sent.items())
     if isinstance(sent, list):
         return (
             isinstance(stored, list)
             and len(sent) == len(stored)
-            and all(_covers(a, b) for a, b in zip(sent, stored, strict=True))
+            and all(covers(a, b) for a, b in zip(sent, stored, strict=True))
         )
     return bool(sent == stored)
 
 
 def hardening_drift(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
     """The hardening fields of ``sent`` that the stored pod does not hold as sent."""
-    out = [".".join(keys) for keys in _HARDENING if not _covers(_dig(sent, keys), _dig(stored, keys))]
+    out = [".".join(keys) for keys in _HARDENING if not covers(_dig(sent, keys), _dig(stored, keys))]
     sent_containers = _dig(sent, ("spec", "containers")) or []
     stored_containers = {
         c.get("name"): c for c in _dig(stored, ("spec", "containers")) or [] if isinstance(c, Mapping)
@@ -84,7 +84,7 @@ def hardening_drift(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[
     for container in sent_containers:
         other = stored_containers.get(container.get("name"), {})
         for key in _CONTAINER_HARDENING:
-            if not _covers(container.get(key), other.get(key)):
+            if not covers(container.get(key), other.get(key)):
                 out.append(f"spec.containers[{container.get('name')}].{key}")
     return out
 
