@@ -44,8 +44,13 @@ PACKAGE = "agentnest_agent"
 AGENT_EXITED = b"\x00AGENTNEST-AGENT-EXITED\x00"
 #: A moved deadline (epoch seconds), written by the host as root; see ``rearm`` below.
 DEADLINE_FILE = "/tmp/.agentnest-deadline"
+#: A pod's deadline (epoch seconds) as the kubelet writes it from the pod's
+#: ``agentnest.io/deadline`` annotation (a downwardAPI volume: read-only,
+#: root-owned); a listening keeper reads it instead of :data:`DEADLINE_FILE`.
+PODINFO_DEADLINE = "/etc/agentnest/podinfo/deadline"
 
-BOOTSTRAP = r"""
+BOOTSTRAP = (
+    r"""
 import os, sys
 LAZY = ("interpreter",)  # compiled by the agent on first use
 def load(blob=None):
@@ -98,30 +103,43 @@ if sys.argv[1] in ("keeper", "listen"):
                 IGNORED.append(sig)
             except (OSError, RuntimeError, ValueError):
                 pass
-    # The deadline: when the timer fires, PID 1 exits and the container stops.
-    signal.signal(signal.SIGALRM, lambda *a: os._exit(0))
-    signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))
     def rearm(*a):
         # A moved deadline (Sandbox.extend): only from a root-owned regular
         # file, which sandbox code (uid 65532, no capabilities) cannot write.
+        # In a pod, the kubelet's copy of the deadline annotation (it swaps
+        # a symlink to update it, so the link is followed there); a True
+        # return means the timer now runs to a later deadline.
         try:
-            fd = os.open("%(deadline)s", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            if LISTEN:
+                fd = os.open("%(podinfo)s", os.O_RDONLY | os.O_NONBLOCK)
+            else:
+                fd = os.open("%(deadline)s", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
-            return
+            return False
         try:
             st = os.fstat(fd)
             if st.st_uid != 0 or st.st_mode & 0o170000 != 0o100000:
-                return
+                return False
             import time
             left = float(os.read(fd, 64)) - time.time()
         except (OSError, ValueError):
-            return
+            return False
         finally:
             os.close(fd)
         if left == left:  # not NaN
             if left <= 0:
                 os._exit(0)
             signal.setitimer(signal.ITIMER_REAL, left)
+            return True
+        return False
+    def expire(*a):
+        # The deadline: PID 1 exits and the container stops.  A pod's keeper
+        # first reads the kubelet's copy: extend() may have moved it while
+        # its signal was on the way.
+        if not (LISTEN and rearm()):
+            os._exit(0)
+    signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))
     signal.signal(signal.SIGUSR1, rearm)
     # Objects made so far are shared with the agent after the fork; frozen,
     # the agent's garbage collections do not touch (and so copy) their pages.
@@ -168,7 +186,10 @@ if sys.argv[1] in ("keeper", "listen"):
                 os.write(2, b"\n\x00AGENTNEST-AGENT-EXITED\x00\n")
 else:
     load().main()
-""".replace("%(pkg)s", PACKAGE).replace("%(deadline)s", DEADLINE_FILE)
+""".replace("%(pkg)s", PACKAGE)
+    .replace("%(deadline)s", DEADLINE_FILE)
+    .replace("%(podinfo)s", PODINFO_DEADLINE)
+)
 
 
 @lru_cache(maxsize=1)
@@ -178,6 +199,17 @@ def bundle() -> bytes:
     mods = [(name, (pkg / f"{name}.py").read_text("utf-8")) for name in AGENT_MODULES]
     blob = zlib.compress(json.dumps(mods).encode("utf-8"), 6)
     return b"%d\n" % len(blob) + blob
+
+
+def script_command(python: str, script: str, *args: str) -> list[str]:
+    """The argv that runs the standalone ``agentnest/agent/<script>.py`` in a sandbox.
+
+    Its source travels in the argv (``-I -S``: no environment, no site
+    packages), so nothing is installed in the image and nothing it holds can
+    replace the script.
+    """
+    source = (resources.files("agentnest.agent") / f"{script}.py").read_text("utf-8")
+    return [python, "-I", "-S", "-c", source, *args]
 
 
 def listen_command(python: str, lifetime: float, socket_path: str) -> list[str]:

@@ -117,6 +117,9 @@ class Node:
         """The host argv that runs ``argv`` in the pod's container, or ``None`` if it is not running."""
         return None
 
+    def updated(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
+        """``pod``'s metadata changed (a patch): refresh what the node derives from it."""
+
     def close(self) -> None:
         """Stop everything."""
 
@@ -472,7 +475,10 @@ class ClusterState:
                         "Invalid",
                         f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change {key}',
                     )
-        return self.put(resource.plural, updated)
+        stored = self.put(resource.plural, updated)
+        if resource.plural == "pods":
+            self.node.updated(self, stored)
+        return stored
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -22,6 +22,8 @@ a ``FailedCreatePodSandBox`` event, a missing Secret a
 from __future__ import annotations
 
 import base64
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -70,6 +72,8 @@ class DockerNode(Node):
         self.pod_pids_limit = pod_pids_limit
         self.images = dict(images or {})
         self.enforce_network_policies = enforce_network_policies
+        self._podinfo_tmp = tempfile.TemporaryDirectory(prefix="agentnest-kubenode-")
+        self._podinfo_root = Path(self._podinfo_tmp.name)
         self._containers: dict[str, str] = {}  # pod uid -> container id
         self._lock = threading.Lock()
         self._runtimes: set[str] | None = None
@@ -222,11 +226,19 @@ class DockerNode(Node):
                 raise _ConfigError(f"couldn't find key {ref.get('key')} in Secret {ns}/{ref.get('name')}")
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
         tmpfs: dict[str, str] = {}
+        binds: dict[str, dict[str, str]] = {}
         for mount in container.get("volumeMounts") or []:
             volume = volumes.get(mount["name"]) or {}
             size: object = None
             if "emptyDir" in volume:
                 size = (volume["emptyDir"] or {}).get("sizeLimit")
+            elif "downwardAPI" in volume:
+                # The kubelet's copy of the pod's fields: a read-only, root-owned
+                # directory it rewrites when the pod changes (see updated()).
+                host_dir = self._podinfo_dir(meta["uid"], mount["name"])
+                self._write_podinfo(host_dir, volume["downwardAPI"], pod)
+                binds[str(host_dir)] = {"bind": mount["mountPath"], "mode": "ro"}
+                continue
             elif "ephemeral" in volume:
                 template = (volume["ephemeral"].get("volumeClaimTemplate") or {}).get("spec") or {}
                 size = ((template.get("resources") or {}).get("requests") or {}).get("storage")
@@ -257,6 +269,7 @@ class DockerNode(Node):
             "security_opt": security_opt,
             "environment": env,
             "tmpfs": tmpfs,
+            "volumes": binds,
             "working_dir": container.get("workingDir") or None,
             "runtime": handler,
             "network_mode": "bridge",
@@ -314,11 +327,41 @@ class DockerNode(Node):
     def stop(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
         self._remove(pod["metadata"]["uid"])
 
+    # -- downwardAPI volumes ------------------------------------------------------------
+
+    def _podinfo_dir(self, uid: str, volume: str) -> Path:
+        path = self._podinfo_root / uid / volume
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @staticmethod
+    def _write_podinfo(directory: Path, source: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        mode = int(source.get("defaultMode", 0o644))
+        for item in source.get("items") or []:
+            field_path = str((item.get("fieldRef") or {}).get("fieldPath", ""))
+            value = _field_value(meta, field_path)
+            # As the kubelet: the new content appears at once, never half written.
+            target = directory / str(item["path"])
+            scratch = directory / f".{item['path']}.tmp"
+            scratch.write_text(value)
+            scratch.chmod(int(item.get("mode", mode)))
+            scratch.replace(target)
+
+    def updated(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
+        spec = pod.get("spec") or {}
+        for volume in spec.get("volumes") or []:
+            if "downwardAPI" in volume:
+                directory = self._podinfo_root / pod["metadata"]["uid"] / volume["name"]
+                if directory.is_dir():
+                    self._write_podinfo(directory, volume["downwardAPI"], pod)
+
     def _remove(self, uid: str) -> None:
         import docker.errors
 
         with self._lock:
             cid = self._containers.pop(uid, None)
+        shutil.rmtree(self._podinfo_root / uid, ignore_errors=True)
         if cid is None:
             return
         try:
@@ -337,6 +380,18 @@ class DockerNode(Node):
                 continue
         with self._lock:
             self._containers.clear()
+        self._podinfo_tmp.cleanup()
+
+
+def _field_value(meta: Mapping[str, Any], field_path: str) -> str:
+    """A downwardAPI ``fieldRef`` of the metadata: name, namespace, uid, or one label/annotation."""
+    for key in ("labels", "annotations"):
+        prefix = f"metadata.{key}['"
+        if field_path.startswith(prefix) and field_path.endswith("']"):
+            return str((meta.get(key) or {}).get(field_path[len(prefix) : -2], ""))
+    if field_path in ("metadata.name", "metadata.namespace", "metadata.uid"):
+        return str(meta.get(field_path.split(".", 1)[1], ""))
+    raise _ConfigError(f"the double cannot project fieldPath {field_path!r}")
 
 
 class _ConfigError(Exception):

@@ -11,6 +11,7 @@ scheduling) is in the opt-in suite (docs/kubernetes.md).
 
 from __future__ import annotations
 
+import math
 import socket
 import time
 from collections.abc import Iterator
@@ -21,11 +22,12 @@ pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
 
 from agentnest import Sandbox
-from agentnest.errors import SandboxDestroyedError, VerificationError
+from agentnest.errors import ConfigurationError, SandboxDestroyedError, VerificationError
 from agentnest.events import EventType, MemoryObserver
 from agentnest.runtime.base import RuntimeBackend
+from agentnest.runtime.bootstrap import PODINFO_DEADLINE
 from agentnest.runtime.docker import base_image
-from agentnest.runtime.kubernetes import KubernetesSpec
+from agentnest.runtime.kubernetes import KubernetesSpec, manifests
 from agentnest.runtime.kubernetes.backend import KubernetesBackend
 from agentnest.secrets import Secret
 from agentnest.testing.contract import BackendContract
@@ -237,3 +239,56 @@ def test_a_pod_that_reaches_the_apiserver_is_deleted_never_handed_out(
         )
     finally:
         backend.close()
+
+
+# -- extend() ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=RUNTIMES)
+def extendable(request: pytest.FixtureRequest, double: Double) -> Iterator[KubernetesBackend]:
+    spec = KubernetesSpec(
+        namespace=NS, kubeconfig=double.kubeconfig, runtime_class_name=request.param, max_lifetime=60
+    )
+    b = KubernetesBackend(spec, start_timeout=60)
+    yield b
+    b.close()
+
+
+def test_extend_moves_the_deadline_the_keeper_holds_and_no_further_than_the_hard_stop(
+    extendable: KubernetesBackend, double: Double
+) -> None:
+    sb = Sandbox(base_image(), backend=extendable, timeout=4)
+    try:
+        first = sb.handle.deadline
+        pod_name = sb.handle.info["pod"]
+        moved = sb.extend(6)
+        assert moved == pytest.approx(first + 6)
+        pod = double.state.get("pods", NS, pod_name)
+        assert pod is not None
+        assert pod["metadata"]["annotations"][manifests.DEADLINE] == str(math.ceil(moved))
+        # The workload cannot move it: the kubelet's copy is read-only, and a
+        # signal to the keeper only makes it read that copy again.
+        forged = sb.exec_shell(
+            f"echo 9999999999 > {PODINFO_DEADLINE} 2>&1; kill -USR1 1; cat {PODINFO_DEADLINE}"
+        )
+        assert forged.stdout.strip().splitlines()[-1] == str(math.ceil(moved))
+        # Past the first deadline the sandbox still answers: its keeper was re-armed.
+        wait_until(lambda: time.time() > first + 1.5, "the first deadline to pass", within=30)
+        assert sb.exec_shell("echo alive").stdout.strip() == "alive"
+        # Past the hard stop: refused, and the sandbox lives on.
+        with pytest.raises(ConfigurationError, match="max_lifetime"):
+            sb.extend(120)
+        assert sb.exec_shell("echo still").stdout.strip() == "still"
+        # At the moved deadline the keeper ends the pod (not the kubelet's hard stop, 60 s on).
+        wait_until(lambda: not extendable.is_running(sb.handle), "the pod to stop", within=30)
+        stopped = time.time()
+        assert moved - 1 <= stopped < moved + 15
+    finally:
+        sb.destroy()
+
+
+def test_without_max_lifetime_extend_is_refused_with_the_fix(backend: KubernetesBackend) -> None:
+    with Sandbox(base_image(), backend=backend, timeout=60) as sb:
+        with pytest.raises(ConfigurationError, match=r"KubernetesSpec\(max_lifetime=SECONDS\)"):
+            sb.extend(60)
+        assert sb.exec_shell("echo ok").stdout.strip() == "ok"

@@ -216,7 +216,19 @@ def test_pod_hardening() -> None:
     assert volumes["tmp"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Mi"}
     assert volumes["run"]["emptyDir"]["medium"] == "Memory"
     mounts = {v["mountPath"]: v["name"] for v in c["volumeMounts"]}
-    assert mounts == {"/workspace": "workspace", "/tmp": "tmp", "/run/agentnest": "run", "/dev/shm": "shm"}
+    assert mounts == {
+        "/workspace": "workspace",
+        "/tmp": "tmp",
+        "/run/agentnest": "run",
+        "/dev/shm": "shm",
+        "/etc/agentnest/podinfo": "podinfo",
+    }
+    # The deadline reaches the keeper only through the kubelet: read-only, from the annotation.
+    (podinfo,) = [m for m in c["volumeMounts"] if m["name"] == "podinfo"]
+    assert podinfo["readOnly"] is True
+    assert volumes["podinfo"]["downwardAPI"]["items"] == [
+        {"path": "deadline", "fieldRef": {"fieldPath": f"metadata.annotations['{m.DEADLINE}']"}}
+    ]
     assert "hostAliases" not in spec  # only allowlisted sandboxes reach a proxy
 
 
@@ -520,3 +532,13 @@ def test_setup_refusals(kwargs: dict[str, Any], needle: str) -> None:
         m.setup_objects("agentnest", **kwargs)
     with pytest.raises(ConfigurationError, match="namespace"):
         m.setup_objects("Bad_NS")
+
+
+def test_max_lifetime_sets_the_hard_stop_extend_may_reach() -> None:
+    config = SandboxConfig(image="agentnest/base:1", lifetime=60)
+    assert m.hard_stop_seconds(config, KubernetesSpec()) == 60 + m.DEADLINE_GRACE
+    assert m.hard_stop_seconds(config, KubernetesSpec(max_lifetime=3600)) == 3600 + m.DEADLINE_GRACE
+    # Never below the lifetime itself.
+    assert m.hard_stop_seconds(config, KubernetesSpec(max_lifetime=10)) == 60 + m.DEADLINE_GRACE
+    with pytest.raises(ConfigurationError, match="max_lifetime"):
+        KubernetesSpec(max_lifetime=0)

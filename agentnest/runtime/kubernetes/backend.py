@@ -25,6 +25,7 @@ docs/kubernetes.md says what that covers.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -35,6 +36,7 @@ from ...config import SandboxConfig
 from ...errors import (
     AgentNestError,
     BackendError,
+    ConfigurationError,
     ExecutionTimeoutError,
     SandboxDestroyedError,
     UnsupportedCapabilityError,
@@ -42,7 +44,7 @@ from ...errors import (
 )
 from ...policy import NetworkMode
 from ..base import Capability, RuntimeBackend, SandboxHandle
-from ..bootstrap import bridge_command
+from ..bootstrap import PODINFO_DEADLINE, bridge_command, script_command
 from ..bootstrap import command as bootstrap_command
 from . import manifests, netcheck
 from .lint import check
@@ -55,6 +57,9 @@ __all__ = ["KubernetesBackend"]
 START_TIMEOUT = 300.0
 #: How long the agent may take to listen once the pod runs.
 AGENT_TIMEOUT = 60.0
+
+#: How long extend() waits for the kubelet to copy the new deadline into the pod.
+EXTEND_TIMEOUT = 90.0
 
 #: RuntimeClass names whose handler we know; any other: the runtime is unknown.
 _KNOWN_RUNTIMES = {"gvisor": "runsc", "runsc": "runsc", "kata": "kata-runtime", "kata-qemu": "kata-runtime"}
@@ -127,6 +132,8 @@ class KubernetesBackend(RuntimeBackend):
                 Capability.READ_ONLY_ROOT,
                 # activeDeadlineSeconds, enforced by the kubelet, and the keeper.
                 Capability.DEADLINE,
+                # The annotation, copied by the kubelet for the keeper (within max_lifetime).
+                Capability.EXTEND,
                 # Both move the workspace through the agent channel.
                 Capability.FORK,
                 Capability.SNAPSHOT,
@@ -195,6 +202,9 @@ class KubernetesBackend(RuntimeBackend):
                 "reattach": True,
                 # What the in-pod network check saw (all blocked, or no hand-out).
                 "network_check": [str(o) for o in checked],
+                # The latest deadline extend() may set: activeDeadlineSeconds
+                # (counted by the kubelet from a later start) less the keeper's grace.
+                "hard_stop": now + manifests.hard_stop_seconds(config, self.spec) - manifests.DEADLINE_GRACE,
             },
         )
 
@@ -235,6 +245,40 @@ class KubernetesBackend(RuntimeBackend):
                 "refusing a weaker sandbox. Set KubernetesSpec(host_users=True) if the cluster cannot "
                 "run user namespaces"
             )
+
+    def extend(self, handle: SandboxHandle, deadline: float) -> None:
+        """Move the deadline annotation, then wait for the pod's keeper to see it.
+
+        ``activeDeadlineSeconds`` cannot grow, so the pod was created with
+        room for this (``KubernetesSpec.max_lifetime``); past that, a refusal.
+        The kubelet copies the annotation into the pod's downwardAPI volume;
+        ``agent/deadline_wait.py`` waits for the copy and signals the keeper.
+        """
+        from .connection import ExecTarget
+        from .wsexec import run
+
+        hard_stop = float(handle.info.get("hard_stop") or handle.deadline)
+        if deadline > hard_stop + 1:
+            raise ConfigurationError(
+                f"sandbox {handle.id}: its pod's hard stop (activeDeadlineSeconds) is "
+                f"{max(0.0, hard_stop - time.time()):.0f}s from now and can only shrink, so its deadline "
+                "cannot move past it; create sandboxes with KubernetesSpec(max_lifetime=SECONDS) "
+                "to extend them up to that"
+            )
+        api, connection = self._cluster()
+        value = str(math.ceil(deadline))
+        api.patch("Pod", handle.info["pod"], {"metadata": {"annotations": {manifests.DEADLINE: value}}})
+        target = ExecTarget(connection, handle.info["namespace"], handle.info["pod"], "sandbox")
+        argv = script_command(self.spec.python, "deadline_wait", PODINFO_DEADLINE, value, str(EXTEND_TIMEOUT))
+        code, out, _ = run(target, argv, timeout=EXTEND_TIMEOUT + 30, max_output=256)
+        if code != 0:
+            raise BackendError(
+                f"sandbox {handle.id}: the kubelet did not show the pod its new deadline within "
+                f"{EXTEND_TIMEOUT:g}s (it still reads {out.strip()[:40].decode('ascii', 'replace')!r}); the "
+                "annotation is moved and the keeper reads it again at the old deadline, but if the kubelet "
+                "is slower than that the sandbox stops then"
+            )
+        handle.deadline = deadline
 
     def open_channel(self, handle: SandboxHandle) -> ByteStream:
         """A stream to the pod's listening agent, or to a new one.

@@ -14,22 +14,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 from ...config import GiB, KiB, MiB, SandboxConfig
 from ...errors import ConfigurationError
 from ...policy import NetworkMode
 from ...secrets import Secret
+from ..bootstrap import PODINFO_DEADLINE
 from .lint import check_label, sanitize_label_value
 from .spec import KubernetesSpec, check_dns_label
 
 __all__ = [
     "AGENT_SOCKET",
     "DEADLINE_GRACE",
+    "PODINFO_DIR",
     "PROXY_HOST",
     "PROXY_PORT",
     "REDACTED",
     "cpu_quantity",
+    "hard_stop_seconds",
     "labels_for",
     "limit_range",
     "memory_quantity",
@@ -52,6 +56,8 @@ Obj = dict[str, Any]
 
 #: The agent's unix socket inside the pod (``agentnest.runtime.bootstrap.listen_command``).
 AGENT_SOCKET = "/run/agentnest/agent.sock"
+#: Where the pod's downwardAPI volume (its deadline, as the kubelet sees it) is mounted.
+PODINFO_DIR = str(PurePosixPath(PODINFO_DEADLINE).parent)
 #: Seconds past the lifetime before ``activeDeadlineSeconds`` kills the pod.  It
 #: is the hard outer cap behind the in-pod keeper (and it can only shrink,
 #: so ``extend()`` must stay within it or recreate): the keeper ends first.
@@ -262,6 +268,29 @@ def _workspace_volume(config: SandboxConfig, spec: KubernetesSpec, labels: Mappi
     return {"name": "workspace", "ephemeral": {"volumeClaimTemplate": claim}}
 
 
+def _podinfo_volume() -> Obj:
+    # The deadline annotation as a file the kubelet keeps current: extend()
+    # patches the annotation and the keeper reads it here.  Read-only and
+    # root-owned, so sandbox code cannot move its own deadline.
+    return {
+        "name": "podinfo",
+        "downwardAPI": {
+            "defaultMode": 0o444,
+            "items": [{"path": "deadline", "fieldRef": {"fieldPath": f"metadata.annotations['{DEADLINE}']"}}],
+        },
+    }
+
+
+def hard_stop_seconds(config: SandboxConfig, spec: KubernetesSpec) -> int:
+    """The pod's ``activeDeadlineSeconds``: the longest it may live, extensions included.
+
+    It can only shrink once the pod exists, so it is set to the larger of the
+    lifetime and ``spec.max_lifetime`` (how far ``extend()`` may go), plus
+    :data:`DEADLINE_GRACE` for the keeper to end first.
+    """
+    return math.ceil(max(config.lifetime, spec.max_lifetime or 0.0)) + DEADLINE_GRACE
+
+
 def _resources(config: SandboxConfig, spec: KubernetesSpec) -> Obj:
     limits = config.limits
     ephemeral = EPHEMERAL_BASE
@@ -317,7 +346,7 @@ def _common_pod_spec(spec: KubernetesSpec, config: SandboxConfig) -> Obj:
     out: Obj = {
         "restartPolicy": "Never",  # a dead sandbox stays dead; the host sees it
         # The hard outer cap: the pod fails with DeadlineExceeded however the host fares.
-        "activeDeadlineSeconds": math.ceil(config.lifetime) + DEADLINE_GRACE,
+        "activeDeadlineSeconds": hard_stop_seconds(config, spec),
         "terminationGracePeriodSeconds": TERMINATION_GRACE,
         # No API credentials inside: a sandbox must not talk to the apiserver as anyone.
         "automountServiceAccountToken": False,
@@ -362,12 +391,14 @@ def pod(
         _memory_dir("tmp", limits.scratch),
         _memory_dir("run", RUN_SIZE),
         _memory_dir("shm", min(SHM_SIZE, limits.scratch)),
+        _podinfo_volume(),
     ]
     mounts = [
         {"name": "workspace", "mountPath": config.workdir},
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "run", "mountPath": "/run/agentnest"},
         {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
     ]
     container: Obj = {
         "name": "sandbox",

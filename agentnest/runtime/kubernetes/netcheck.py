@@ -23,11 +23,11 @@ import ipaddress
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
 from ...errors import ConfigurationError, VerificationError
+from ..bootstrap import script_command
 
 __all__ = ["DEFAULT_PROBES", "Outcome", "judge", "parse_addresses", "probe_argv", "targets"]
 
@@ -116,8 +116,7 @@ def targets(probes: Mapping[str, str], server_url: str | None = None) -> list[li
 
 def probe_argv(python: str, wanted: Sequence[Sequence[Any]], timeout: float) -> list[str]:
     """The command that runs netprobe in the pod (its source in the argv: nothing to install)."""
-    source = resources.files("agentnest.agent").joinpath("netprobe.py").read_text(encoding="utf-8")
-    return [python, "-I", "-S", "-c", source, json.dumps(list(wanted)), repr(float(timeout))]
+    return script_command(python, "netprobe", json.dumps(list(wanted)), repr(float(timeout)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,6 +167,11 @@ class KubernetesSpec:
             Every one must be unreachable, or the pod is deleted.
         network_probe_timeout: how long (seconds) each probe waits for an answer;
             a policy that drops packets costs this once per sandbox start.
+        max_lifetime: how long (seconds) a sandbox may live with its
+            ``extend()`` calls; ``None`` is its first lifetime (no extension).
+            A pod's hard stop (``activeDeadlineSeconds``) is fixed when it is
+            created and can only shrink, so it is set to this up front; the
+            in-pod keeper still stops the pod at its own (moved) deadline.
 
     .. versionadded:: 0.4.0
     """
@@ -191,6 +196,7 @@ class KubernetesSpec:
     proxy_runtime_class_name: str | None = None
     network_probes: Mapping[str, str] = field(default_factory=dict, hash=False)
     network_probe_timeout: float = 1.0
+    max_lifetime: float | None = None
 
     def __post_init__(self) -> None:
         if self.type != "kubernetes":
@@ -253,6 +259,15 @@ class KubernetesSpec:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0.05 <= timeout <= 30:
             raise ConfigurationError(
                 f"network_probe_timeout={timeout!r:.40} must be a number of seconds from 0.05 to 30"
+            )
+        longest: object = self.max_lifetime
+        if longest is not None and (
+            isinstance(longest, bool)
+            or not isinstance(longest, (int, float))
+            or not 1 <= longest <= 7 * 24 * 3600
+        ):
+            raise ConfigurationError(
+                f"max_lifetime={longest!r:.40} must be None or 1 to 604800 seconds (how far extend() may go)"
             )
         if self.proxy_image is not None and (
             not isinstance(self.proxy_image, str)
