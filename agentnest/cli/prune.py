@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._output import Commands, add_command, error, status, table
 
@@ -19,9 +19,11 @@ container left (their blocks go back to the host).  By default a resource goes o
 passed; --orphans adds those whose owner process on this host has exited;
 --all takes every AgentNest resource, running sandboxes included.
 With --kubernetes, the cluster of your kubeconfig instead: in each --namespace
-(default agentnest), the Pods, Secrets and NetworkPolicies labelled
+(default: every namespace `agentnest kubernetes setup` labelled, else
+agentnest), the Pods, Secrets and NetworkPolicies labelled
 app.kubernetes.io/managed-by=agentnest whose deadline passed, whose pod ended,
-or whose pod is gone (--all: every one).
+or whose pod is gone; --orphans adds pods whose creating process on this host
+has exited (--all: every one).
 Exit code 1 if anything could not be removed.
 
 examples:
@@ -62,7 +64,7 @@ def register(commands: Commands) -> None:
         "--namespace",
         action="append",
         metavar="NS",
-        help="with --kubernetes: a namespace to prune (repeatable; default agentnest)",
+        help="with --kubernetes: a namespace to prune (repeatable; default: every one AgentNest set up)",
     )
     parser.add_argument("--context", help="with --kubernetes: the kubeconfig context")
     parser.add_argument("--kubeconfig", help="with --kubernetes: the kubeconfig file")
@@ -145,6 +147,21 @@ def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+def _managed_namespaces(api: Any) -> list[str]:
+    """Every namespace ``agentnest kubernetes setup`` labelled; ``agentnest`` if none or not allowed."""
+    from ..errors import BackendError
+    from ..runtime.kubernetes.prune import managed_namespaces
+
+    try:
+        found = managed_namespaces(api)
+    except BackendError as exc:
+        # Listing namespaces is cluster-wide: a namespaced user may not; say so, prune the default.
+        hint = "name others with --namespace"
+        error(f"warning: cannot list namespaces ({exc}); pruning 'agentnest' only ({hint})")
+        return ["agentnest"]
+    return found or ["agentnest"]
+
+
 def _kubernetes(args: argparse.Namespace) -> int:
     from ..runtime.kubernetes.api import KubeApi
     from ..runtime.kubernetes.connection import from_kube_config
@@ -153,7 +170,7 @@ def _kubernetes(args: argparse.Namespace) -> int:
     from ..runtime.kubernetes.rest import KubeRest
     from ..runtime.kubernetes.spec import check_dns_label
 
-    namespaces = list(dict.fromkeys(args.namespace or ["agentnest"]))
+    namespaces = list(dict.fromkeys(args.namespace or []))
     for ns in namespaces:
         check_dns_label(ns, "--namespace", "name a namespace AgentNest creates sandboxes in")
     if args.sandbox:
@@ -164,12 +181,15 @@ def _kubernetes(args: argparse.Namespace) -> int:
     rest = KubeRest(from_kube_config(cluster.configuration))
     now = time.time()
     try:
+        if not namespaces:
+            namespaces = _managed_namespaces(KubeApi(rest, "agentnest"))
         with status("looking for expired sandboxes" if args.dry_run else "pruning"):
             result = prune_cluster(
                 [KubeApi(rest, ns) for ns in namespaces],
                 now=now,
                 dry_run=args.dry_run,
                 everything=args.everything,
+                orphans=args.orphans,
             )
     finally:
         rest.close()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -97,3 +101,62 @@ def test_a_bad_namespace_is_refused(
     assert main(["prune", "--kubernetes", "--kubeconfig", kubeconfig, "--namespace", "Bad_NS"]) != 0
     assert "'Bad_NS' is not a DNS label" in capsys.readouterr().err
     assert state.calls == []  # refused before any call
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited (and been reaped)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True
+    )
+    return int(proc.stdout)
+
+
+def test_orphans_are_pods_whose_creating_process_on_this_host_exited(
+    cluster: tuple[ClusterState, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    state, kubeconfig = cluster
+    backend = KubernetesBackend(KubernetesSpec(namespace=NS, kubeconfig=kubeconfig), start_timeout=10)
+    config = SandboxConfig(image="agentnest/base:1", lifetime=3600)
+    mine, crashed, elsewhere = (backend.create(config) for _ in range(3))
+    pod = state.get("pods", NS, mine.info["pod"])
+    assert pod is not None
+    # The backend records its own process on the pod.
+    assert pod["metadata"]["annotations"][manifests.OWNER_PROCESS] == f"{socket.gethostname()}:{os.getpid()}"
+    for handle, owner in ((crashed, f"{socket.gethostname()}:{dead_pid()}"), (elsewhere, "other-host:1")):
+        pod = state.get("pods", NS, handle.info["pod"])
+        assert pod is not None
+        pod["metadata"]["annotations"][manifests.OWNER_PROCESS] = owner
+        state.put("pods", pod)
+    # Without --orphans nothing goes: every deadline is an hour away.
+    assert main(["prune", "--kubernetes", "--kubeconfig", kubeconfig]) == 0
+    assert len(names(state, "pods")) == 3
+    assert main(["prune", "--kubernetes", "--kubeconfig", kubeconfig, "--orphans"]) == 0
+    assert "owner gone" in capsys.readouterr().out
+    # Only the pod whose owner is known dead; another host's is not ours to judge.
+    assert names(state, "pods") == {mine.info["pod"], elsewhere.info["pod"]}
+    backend.close()
+
+
+def test_prune_looks_in_every_namespace_setup_labelled(
+    cluster: tuple[ClusterState, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    state, kubeconfig = cluster
+    state.add_namespace("team-a", {manifests.MANAGED_BY: "agentnest"})
+    state.add_namespace("team-b", {manifests.MANAGED_BY: "agentnest"})
+    config = SandboxConfig(image="agentnest/base:1")
+    handles = {}
+    for ns in ("team-a", "team-b", "other"):
+        backend = KubernetesBackend(KubernetesSpec(namespace=ns, kubeconfig=kubeconfig), start_timeout=10)
+        handles[ns] = backend.create(config)
+        backend.close()
+        state.set_pod_status(ns, handles[ns].info["pod"], phase="Succeeded")
+    assert main(["prune", "--kubernetes", "--kubeconfig", kubeconfig]) == 0
+    out = capsys.readouterr().out
+    assert "team-a/" in out and "team-b/" in out
+    assert state.list("pods", "team-a") == [] and state.list("pods", "team-b") == []
+    # A namespace AgentNest did not set up is pruned only when named.
+    assert len(state.list("pods", "other")) == 1
+    # Without the right to list namespaces: a warning, and the default namespace.
+    state.denied.add(("list", "namespaces"))
+    assert main(["prune", "--kubernetes", "--kubeconfig", kubeconfig]) == 0
+    assert "cannot list namespaces" in capsys.readouterr().err

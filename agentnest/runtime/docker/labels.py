@@ -6,10 +6,9 @@ that ``agentnest prune`` can reap what a crashed host process left behind.
 
 from __future__ import annotations
 
-import os
-import socket
-
 from ..._version import __version__
+from ..owner import owner as owner  # re-exported: the host process that owns a sandbox
+from ..owner import owner_alive as owner_alive
 
 PREFIX = "agentnest."
 MANAGED = PREFIX + "managed"
@@ -25,11 +24,6 @@ ROLE = PREFIX + "role"
 WARM = PREFIX + "warm"
 
 
-def owner() -> str:
-    """``host:pid`` of this process."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 def for_sandbox(
     sandbox_id: str, backend: str, created: float, deadline: float, role: str = "sandbox"
 ) -> dict[str, str]:
@@ -43,17 +37,3 @@ def for_sandbox(
         VERSION: __version__,
         ROLE: role,
     }
-
-
-def owner_alive(value: str) -> bool | None:
-    """Whether the owning process still runs; None if it is on another host."""
-    hostname, _, pid = value.rpartition(":")
-    if hostname != socket.gethostname() or not pid.isdigit():
-        return None
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

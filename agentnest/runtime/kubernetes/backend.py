@@ -46,6 +46,7 @@ from ...policy import NetworkMode
 from ..base import Capability, RuntimeBackend, SandboxHandle
 from ..bootstrap import PODINFO_DEADLINE, bridge_command, script_command
 from ..bootstrap import command as bootstrap_command
+from ..owner import owner
 from . import manifests, netcheck
 from .lint import check
 from .netcheck import Outcome
@@ -163,6 +164,9 @@ class KubernetesBackend(RuntimeBackend):
         objects = manifests.render(config, self.spec, sandbox_id, now=now)
         for obj in objects:
             check(obj)  # our own rules first: never send a pod weaker than we mean
+            if obj["kind"] == "Pod":
+                # Who to ask whether the sandbox is orphaned (prune --orphans).
+                obj["metadata"]["annotations"][manifests.OWNER_PROCESS] = owner()
         created: list[tuple[str, str]] = []
         pod_name = manifests.pod_name(sandbox_id)
         try:

@@ -28,6 +28,7 @@ from .spec import KubernetesSpec, check_dns_label
 __all__ = [
     "AGENT_SOCKET",
     "DEADLINE_GRACE",
+    "OWNER_PROCESS",
     "PODINFO_DIR",
     "PROXY_HOST",
     "PROXY_PORT",
@@ -97,6 +98,8 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 APP_NAME = "app.kubernetes.io/name"
 SANDBOX_ID = "agentnest.io/sandbox-id"
 OWNER = "agentnest.io/owner"
+#: The host process that created the sandbox (``host:pid``), for ``prune --orphans``.
+OWNER_PROCESS = "agentnest.io/owner-process"
 TENANT = "agentnest.io/tenant"
 ROLE = "agentnest.io/role"
 DEADLINE = "agentnest.io/deadline"

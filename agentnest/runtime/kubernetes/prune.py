@@ -9,9 +9,14 @@ with.  Here, in each namespace, only objects labelled
 
 * a Pod whose ``agentnest.io/deadline`` annotation has passed, or that has
   ended (``Succeeded``/``Failed``: nothing runs in it any more);
+* with ``orphans``: a Pod whose creating process (``agentnest.io/owner-process``,
+  ``host:pid``) ran on this host and has exited;
 * a Secret or NetworkPolicy whose sandbox has no Pod left (its owner Pod
   would have collected it);
 * with ``everything``: every one of them, running sandboxes included.
+
+:func:`managed_namespaces` finds the namespaces to look in: those
+``agentnest kubernetes setup`` labelled as AgentNest's.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ...errors import AgentNestError
+from ..owner import owner_alive
 from .api import KubeApi
-from .manifests import DEADLINE, MANAGED_BY, SANDBOX_ID
+from .manifests import DEADLINE, MANAGED_BY, OWNER_PROCESS, SANDBOX_ID
 
-__all__ = ["PruneResult", "Pruned", "prune"]
+__all__ = ["PruneResult", "Pruned", "managed_namespaces", "prune"]
 
 _SELECTOR = f"{MANAGED_BY}=agentnest"
 _KINDS = ("Pod", "Secret", "NetworkPolicy")
@@ -60,8 +66,32 @@ def _deadline(obj: dict[str, object]) -> float | None:
         return None
 
 
+def managed_namespaces(api: KubeApi) -> list[str]:
+    """The namespaces labelled ``app.kubernetes.io/managed-by=agentnest``, by name.
+
+    Raises:
+        BackendError: listing namespaces is not allowed (a cluster-scoped right).
+    """
+    names = [
+        str((ns.get("metadata") or {}).get("name") or "") for ns in api.find("Namespace", labels=_SELECTOR)
+    ]
+    return sorted(n for n in names if n)
+
+
+def _owner_gone(pod: dict[str, object]) -> bool:
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    value = annotations.get(OWNER_PROCESS) if isinstance(annotations, dict) else None
+    return isinstance(value, str) and owner_alive(value) is False
+
+
 def prune(
-    apis: Iterable[KubeApi], *, now: float, dry_run: bool = False, everything: bool = False
+    apis: Iterable[KubeApi],
+    *,
+    now: float,
+    dry_run: bool = False,
+    everything: bool = False,
+    orphans: bool = False,
 ) -> PruneResult:
     """Prune each namespace ``apis`` covers (one :class:`KubeApi` per namespace)."""
     result = PruneResult(dry_run=dry_run)
@@ -84,6 +114,8 @@ def prune(
                 reason = f"ended ({(pod.get('status') or {}).get('reason') or phase})"
             elif deadline is not None and deadline <= now:
                 reason = "expired"
+            elif orphans and _owner_gone(pod):
+                reason = "owner gone"
             else:
                 if sandbox:
                     live_sandboxes.add(sandbox)
