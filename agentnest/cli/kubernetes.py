@@ -243,7 +243,7 @@ def handle_manifest(args: argparse.Namespace) -> int:
         secret_values=False,
     )
     for obj in objects:
-        for problem in lint(obj):
+        for problem in lint(obj, writable_root=not config.read_only_root):
             error(f"warning: {obj['kind']} {obj['metadata']['name']}: {problem}")
     sys.stdout.write(dump(objects, args.output))
     return 0

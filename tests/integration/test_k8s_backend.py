@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
 
-from agentnest import Sandbox
+from agentnest import Sandbox, SecurityPolicy
 from agentnest.errors import ConfigurationError, SandboxDestroyedError, VerificationError
 from agentnest.events import EventType, MemoryObserver
 from agentnest.runtime.base import RuntimeBackend
@@ -292,3 +292,15 @@ def test_without_max_lifetime_extend_is_refused_with_the_fix(backend: Kubernetes
         with pytest.raises(ConfigurationError, match=r"KubernetesSpec\(max_lifetime=SECONDS\)"):
             sb.extend(60)
         assert sb.exec_shell("echo ok").stdout.strip() == "ok"
+
+
+def test_a_writable_root_is_given_when_asked_for_and_only_then(backend: KubernetesBackend) -> None:
+    probe = "touch /var/tmp/probe 2>/dev/null && echo writable || echo read-only"
+    with Sandbox(base_image(), backend=backend, timeout=120) as sb:
+        assert sb.exec_shell(probe).stdout.strip() == "read-only"
+    policy = SecurityPolicy(read_only_root=False)
+    with Sandbox(
+        base_image(), backend=backend, timeout=120, read_only_root=False, security_policy=policy
+    ) as sb:
+        assert sb.exec_shell(probe).stdout.strip() == "writable"
+        assert sb.exec_shell("id -u").stdout.strip() == "65532"

@@ -179,6 +179,18 @@ def test_each_rule_can_fail(name: str, mutate: Callable[[Obj], None], needle: st
         check(pod)
 
 
+def test_a_writable_root_passes_only_when_the_sandbox_asked_for_it() -> None:
+    pod = copy.deepcopy(good_pod())
+    _sc(pod).update(readOnlyRootFilesystem=False)
+    assert lint(pod, writable_root=True) == []
+    check(pod, writable_root=True)
+    # Every other rule still holds then.
+    _sc(pod).update(allowPrivilegeEscalation=True)
+    assert lint(pod, writable_root=True) == [
+        "containers[0] 'sandbox': allowPrivilegeEscalation must be false"
+    ]
+
+
 def test_secret_value_in_the_pod_spec() -> None:
     pod = good_pod()
     assert lint(pod, secrets=["hunter2-long"]) == []

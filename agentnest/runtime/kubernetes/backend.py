@@ -163,7 +163,8 @@ class KubernetesBackend(RuntimeBackend):
         now = time.time()
         objects = manifests.render(config, self.spec, sandbox_id, now=now)
         for obj in objects:
-            check(obj)  # our own rules first: never send a pod weaker than we mean
+            # Our own rules first: never send a pod weaker than we mean.
+            check(obj, writable_root=not config.read_only_root)
             if obj["kind"] == "Pod":
                 # Who to ask whether the sandbox is orphaned (prune --orphans).
                 obj["metadata"]["annotations"][manifests.OWNER_PROCESS] = owner()

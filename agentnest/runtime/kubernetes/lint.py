@@ -151,7 +151,9 @@ def _seccomp_problem(where: str, profile: object) -> str | None:
     return f"{where}.seccompProfile.type={kind!r:.40} is not allowed; use RuntimeDefault or Localhost"
 
 
-def _lint_container(where: str, c: Mapping[str, Any], pod_nonroot: bool, pod_seccomp: bool) -> list[str]:
+def _lint_container(
+    where: str, c: Mapping[str, Any], pod_nonroot: bool, pod_seccomp: bool, writable_root: bool
+) -> list[str]:
     out: list[str] = []
     sc: Mapping[str, Any] = c.get("securityContext") or {}
     # PSA restricted: no privileged containers, no escalation (setuid binaries, file caps).
@@ -186,8 +188,9 @@ def _lint_container(where: str, c: Mapping[str, Any], pod_nonroot: bool, pod_sec
     for port in c.get("ports") or ():
         if port.get("hostPort"):
             out.append(f"{where}: hostPort {port['hostPort']} is not allowed")
-    # AgentNest: the image stays read-only (PSA does not require it).
-    if sc.get("readOnlyRootFilesystem") is not True:
+    # AgentNest: the image stays read-only (PSA does not require it), unless
+    # the sandbox asked for a writable root (read_only_root=False).
+    if not writable_root and sc.get("readOnlyRootFilesystem") is not True:
         out.append(f"{where}: readOnlyRootFilesystem must be true")
     resources: Mapping[str, Any] = c.get("resources") or {}
     limits: Mapping[str, Any] = resources.get("limits") or {}
@@ -249,7 +252,7 @@ def _written_strings(spec: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _lint_pod_spec(spec: Mapping[str, Any], secrets: Iterable[str]) -> list[str]:
+def _lint_pod_spec(spec: Mapping[str, Any], secrets: Iterable[str], writable_root: bool) -> list[str]:
     out: list[str] = []
     for name in ("hostNetwork", "hostPID", "hostIPC"):
         if spec.get(name) is True:
@@ -280,7 +283,8 @@ def _lint_pod_spec(spec: Mapping[str, Any], secrets: Iterable[str]) -> list[str]
     for kind in _CONTAINER_KINDS:
         for i, c in enumerate(spec.get(kind) or ()):
             containers += 1
-            out += _lint_container(f"{kind}[{i}] {c.get('name')!r}", c, pod_nonroot, pod_seccomp)
+            where = f"{kind}[{i}] {c.get('name')!r}"
+            out += _lint_container(where, c, pod_nonroot, pod_seccomp, writable_root)
     if not containers:
         out.append("pod: no containers")
     for i, volume in enumerate(spec.get("volumes") or ()):
@@ -302,12 +306,14 @@ def _lint_quantities(where: str, values: object) -> list[str]:
     return [p for k, v in values.items() if (p := _quantity_problem(f"{where}.{k}", v))]
 
 
-def lint(obj: Mapping[str, Any], secrets: Iterable[str] = ()) -> list[str]:
+def lint(obj: Mapping[str, Any], secrets: Iterable[str] = (), *, writable_root: bool = False) -> list[str]:
     """The problems of one manifest (an empty list: clean).
 
     Pods get the PSA ``restricted`` checks and the AgentNest rules; every
     object gets the label grammar; quotas and limit ranges get the quantity
     grammar.  ``secrets`` are values that must not appear in a pod spec.
+    ``writable_root`` drops the one AgentNest rule a sandbox may opt out of
+    (``read_only_root=False``): a read-only root filesystem.
     """
     out: list[str] = []
     metadata: Mapping[str, Any] = obj.get("metadata") or {}
@@ -318,7 +324,7 @@ def lint(obj: Mapping[str, Any], secrets: Iterable[str] = ()) -> list[str]:
             out.append(problem.replace("label key", "annotation key"))
     kind = obj.get("kind")
     if kind == "Pod":
-        out += _lint_pod_spec(obj.get("spec") or {}, secrets)
+        out += _lint_pod_spec(obj.get("spec") or {}, secrets, writable_root)
     elif kind == "ResourceQuota":
         out += _lint_quantities("hard", (obj.get("spec") or {}).get("hard"))
     elif kind == "LimitRange":
@@ -334,9 +340,9 @@ def lint(obj: Mapping[str, Any], secrets: Iterable[str] = ()) -> list[str]:
     return out
 
 
-def check(obj: Mapping[str, Any], secrets: Iterable[str] = ()) -> None:
+def check(obj: Mapping[str, Any], secrets: Iterable[str] = (), *, writable_root: bool = False) -> None:
     """Raise ConfigurationError listing every problem :func:`lint` finds in ``obj``."""
-    problems = lint(obj, secrets)
+    problems = lint(obj, secrets, writable_root=writable_root)
     if problems:
         name = (obj.get("metadata") or {}).get("name", "?")
         raise ConfigurationError(f"{obj.get('kind')} {name} breaks the sandbox rules: " + "; ".join(problems))
