@@ -27,7 +27,7 @@ from agentnest.errors import (
     SandboxDestroyedError,
     UnsupportedCapabilityError,
 )
-from agentnest.policy import NetworkPolicy
+from agentnest.policy import NetworkPolicy, SecurityPolicy
 from agentnest.runtime.kubernetes import KubernetesSpec, manifests
 from agentnest.runtime.kubernetes.api import KubeApi, hardening_drift
 from agentnest.runtime.kubernetes.backend import KubernetesBackend
@@ -312,3 +312,43 @@ def test_zero_three_zero_keywords_are_accepted(tmp_path: Any) -> None:
     assert b.spec.namespace == "team-a" and b.spec.context == "prod" and b.spec.runtime_class_name is None
     assert b.oci_runtime is None
     assert KubernetesBackend().oci_runtime == "runsc"
+
+
+# -- the runtime the policy sees ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("class_name", "handler", "runtime"),
+    [
+        ("sandboxed", "runsc", "runsc"),  # any name: the handler decides
+        ("gvisor", "runc", "runc"),  # a name is no proof
+        ("kata-fc", "kata-fc", "kata-runtime"),
+        ("missing", None, None),  # no such class: nothing to name
+    ],
+)
+def test_the_oci_runtime_is_the_runtime_class_s_handler(
+    server: FakeKubeAPI, cluster: ClusterState, class_name: str, handler: str | None, runtime: str | None
+) -> None:
+    if handler is not None:
+        cluster.add_runtime_class(class_name, handler)
+    b = KubernetesBackend(
+        KubernetesSpec(namespace=NS, kubeconfig=str(server.write_kubeconfig()), runtime_class_name=class_name)
+    )
+    try:
+        assert b.oci_runtime == runtime
+        policy = SecurityPolicy(required_runtime="runsc")
+        assert (policy.check_runtime(b.oci_runtime) is None) is (runtime == "runsc")
+    finally:
+        b.close()
+
+
+def test_without_the_right_to_read_runtime_classes_the_name_stands_in(
+    server: FakeKubeAPI, cluster: ClusterState
+) -> None:
+    cluster.add_runtime_class("gvisor", "runc")  # unreadable, so not seen
+    cluster.denied.add(("get", "runtimeclasses"))
+    b = KubernetesBackend(KubernetesSpec(namespace=NS, kubeconfig=str(server.write_kubeconfig())))
+    try:
+        assert b.oci_runtime == "runsc"  # "gvisor", by its name
+    finally:
+        b.close()

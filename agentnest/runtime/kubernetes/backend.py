@@ -62,7 +62,7 @@ AGENT_TIMEOUT = 60.0
 #: How long extend() waits for the kubelet to copy the new deadline into the pod.
 EXTEND_TIMEOUT = 90.0
 
-#: RuntimeClass names whose handler we know; any other: the runtime is unknown.
+#: Handlers (and, only where the RuntimeClass cannot be read, class names) -> OCI runtime.
 _KNOWN_RUNTIMES = {"gvisor": "runsc", "runsc": "runsc", "kata": "kata-runtime", "kata-qemu": "kata-runtime"}
 
 
@@ -105,6 +105,7 @@ class KubernetesBackend(RuntimeBackend):
         self._api: Any = None
         self._connection: Any = None
         self._lock = threading.Lock()
+        self._handler: str | None = None  # the RuntimeClass's handler, once read
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -143,8 +144,33 @@ class KubernetesBackend(RuntimeBackend):
 
     @property
     def oci_runtime(self) -> str | None:
+        """The OCI runtime of sandbox pods, from their RuntimeClass's ``handler``.
+
+        Read from the cluster (a class named ``gvisor`` whose handler is
+        ``runc`` is runc: the policy's ``required_runtime`` must not be met by a
+        name); only when the class cannot be read (no right to, or no cluster)
+        is the name itself taken for the handler.  ``None``: the cluster's
+        default runtime, or a class that does not exist.
+        """
         name = self.spec.runtime_class_name
-        return _KNOWN_RUNTIMES.get(name) if name else None
+        if not name:
+            return None
+        if self._handler is None:
+            handler: str | None
+            try:
+                api, _ = self._cluster()
+                found = api.get("RuntimeClass", name)
+            except AgentNestError:
+                handler = _KNOWN_RUNTIMES.get(name)
+            else:
+                handler = str(found.get("handler") or "") if found is not None else ""
+            self._handler = handler or ""
+        handler = self._handler
+        if not handler:
+            return None
+        if handler.startswith("kata"):
+            return "kata-runtime"
+        return _KNOWN_RUNTIMES.get(handler, handler)
 
     # -- lifecycle ----------------------------------------------------------------
 
