@@ -115,7 +115,7 @@ class Phases:
     """Times the backend's steps of one ``Sandbox()`` by wrapping its methods (this step only)."""
 
     NAMES = ("manifest build + lint", "API calls (create/patch)", "wait (watch)", "of which node start")
-    NAMES += ("channel open (exec websocket)", "agent handshake")
+    NAMES += ("channel open (exec websocket)", "agent handshake", "in-pod network check")
 
     def __init__(self) -> None:
         self.current: dict[str, float] = {}
@@ -154,6 +154,7 @@ class Phases:
             self.wrap(api, "patch", self.NAMES[1]),
             self.wrap(api, "wait_running", self.NAMES[2]),
             self.wrap(k8s, "open_channel", self.NAMES[4]),
+            self.wrap(k8s, "_check_network", self.NAMES[6]),
         ]
         # The node's docker create + start (in its own thread): docker-py's classes, patched
         # for the node's thread only (DockerClient.containers is a new collection per access).

@@ -12,7 +12,9 @@ are resolved here, in the pod: ``@resolv`` (each ``nameserver`` of the pod's
 ``/etc/resolv.conf``: the cluster DNS) and ``@service`` (the apiserver's
 address the kubelet puts in ``KUBERNETES_SERVICE_HOST``/``_PORT``).
 
-Prints one JSON list of ``[name, host, port, kind, outcome]``: ``connected``,
+With ``--then ARGV...`` after the timeout it then execs ARGV on the same stdio.
+
+Prints one JSON list (one line) of ``[name, host, port, kind, outcome]``: ``connected``,
 ``answered`` (a DNS reply), ``refused``, ``timeout``, an errno name such as
 ``ENETUNREACH``, or ``absent`` (an ``@`` host with nothing to resolve to).
 All targets are tried at once, with non-blocking sockets and ``poll`` (no
@@ -174,7 +176,11 @@ def main() -> None:
         for fd, p in waiting.items():
             if fd not in ready and p.deadline <= now:
                 p.expire(timeout)
-    print(json.dumps([[p.name, p.host, p.port, p.kind, p.outcome] for p in probes]))
+    print(json.dumps([[p.name, p.host, p.port, p.kind, p.outcome] for p in probes]), flush=True)
+    # ``--then ARGV...``: become that program on the same stdio (the backend's
+    # first exec checks the network, then is the bridge to the agent: one exec).
+    if len(sys.argv) > 4 and sys.argv[3] == "--then":
+        os.execvp(sys.argv[4], sys.argv[4:])  # noqa: S606 - the backend's own argv, no shell
 
 
 if __name__ == "__main__":

@@ -249,3 +249,12 @@ def test_without_the_service_variables_the_apiserver_is_absent() -> None:
     env = {"PATH": os.environ.get("PATH", "")}
     got = run_probe([["apiserver", "tcp", "@service", 443]], env)
     assert got == [["apiserver", "@service", 443, "tcp", "absent"]]
+
+
+def test_the_probe_then_becomes_the_next_program_on_the_same_stdio(listener: int) -> None:
+    then = [sys.executable, "-c", "import sys; print('bridge', sys.stdin.read())"]
+    argv = probe_argv(sys.executable, [["closed", "tcp", "127.0.0.1", closed_port()]], 0.5, then=then)
+    done = subprocess.run(argv, input=b"from the host", capture_output=True, timeout=30, check=True)
+    first, rest = done.stdout.split(b"\n", 1)
+    assert json.loads(first)[0][4] == "refused"
+    assert rest == b"bridge from the host\n"

@@ -210,7 +210,7 @@ class KubernetesBackend(RuntimeBackend):
                 if kind != "Pod":
                     api.patch(kind, name, {"metadata": {"ownerReferences": _owner(pod_name, uid)}})
             api.wait_running(pod_name, self.start_timeout)
-            checked = self._check_network(pod_name)
+            checked, stream = self._check_network(pod_name)
         except BaseException:
             self._remove(api, created)
             raise
@@ -227,6 +227,8 @@ class KubernetesBackend(RuntimeBackend):
                 # sandbox is handed out once it answered (Sandbox's connect).
                 "reconnect_ids": 1,
                 "first": True,
+                # The network check's exec, now the bridge: the first channel.
+                "stream": stream,
                 # After a lost stream, a new exec reaches the same agent: the
                 # Sandbox reconnects with the ids after its last (sessions and
                 # commands live on).
@@ -239,30 +241,42 @@ class KubernetesBackend(RuntimeBackend):
             },
         )
 
-    def _check_network(self, pod_name: str) -> list[Outcome]:
-        """Prove from inside the pod that its network is denied (:mod:`.netcheck`); fail closed."""
+    def _check_network(self, pod_name: str) -> tuple[list[Outcome], ByteStream]:
+        """Prove from inside the pod that its network is denied (:mod:`.netcheck`); fail closed.
+
+        One exec does both jobs: netprobe prints its line, then becomes the
+        bridge to the agent (``--then``), whose stream is the sandbox's
+        first channel (an exec costs a round trip and an interpreter start).
+        """
         from .connection import ExecTarget
-        from .wsexec import run
+        from .wsexec import ExecStream
 
         _, connection = self._cluster()
         wanted = netcheck.targets(self.spec.network_probes, connection.host)
         timeout = self.spec.network_probe_timeout
         target = ExecTarget(connection, self.spec.namespace, pod_name, "sandbox")
-        argv = netcheck.probe_argv(self.spec.python, wanted, timeout)
+        bridge = bridge_command(self.spec.python, manifests.AGENT_SOCKET, wait=AGENT_TIMEOUT)
+        argv = netcheck.probe_argv(self.spec.python, wanted, timeout, then=bridge)
+        stream = ExecStream.open(target, argv)
         try:
             # UDP then TCP for DNS: twice the probe timeout, plus an interpreter's start.
-            code, out, err = run(target, argv, timeout=2 * timeout + 30, max_output=netcheck.MAX_OUTPUT)
+            line = stream.read_line(netcheck.MAX_OUTPUT, 2 * timeout + 30)
+            seen = netcheck.judge(line, wanted)
         except ExecutionTimeoutError:
+            stream.close()
             raise VerificationError(
                 f"pod {pod_name}: the in-pod network check did not finish; the pod was deleted"
             ) from None
-        if code != 0:
-            tail = err[-300:].decode("utf-8", "replace")
+        except VerificationError:
+            stream.close()
+            raise
+        except AgentNestError as exc:
+            stream.close()
             raise VerificationError(
-                f"pod {pod_name}: the in-pod network check failed (exit {code}): {tail!r}; "
-                f"the image needs {self.spec.python} (KubernetesSpec(python=...)); the pod was deleted"
-            )
-        return netcheck.judge(out, wanted)
+                f"pod {pod_name}: the in-pod network check failed ({exc}); the image needs "
+                f"{self.spec.python} (KubernetesSpec(python=...)); the pod was deleted"
+            ) from None
+        return seen, stream
 
     @staticmethod
     def _check_stored(sent: dict[str, Any], stored: dict[str, Any]) -> None:
@@ -325,6 +339,10 @@ class KubernetesBackend(RuntimeBackend):
         from .wsexec import ExecStream
 
         first = bool(handle.info.pop("first", False))
+        ready = handle.info.pop("stream", None)
+        if ready is not None:
+            stream_ready: ByteStream = ready
+            return stream_ready
         if not first and not self.is_running(handle):
             raise SandboxDestroyedError(
                 f"sandbox {handle.id}: {self.exit_reason(handle) or 'its pod is gone'}"
@@ -342,6 +360,9 @@ class KubernetesBackend(RuntimeBackend):
         return stream
 
     def destroy(self, handle: SandboxHandle) -> None:
+        unused = handle.info.pop("stream", None)  # a first channel nobody opened
+        if unused is not None:
+            unused.close()
         api, _ = self._cluster()
         objects = handle.info.get("objects") or [("Pod", handle.info.get("pod"))]
         self._remove(api, objects)

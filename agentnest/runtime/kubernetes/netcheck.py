@@ -114,9 +114,15 @@ def targets(probes: Mapping[str, str], server_url: str | None = None) -> list[li
     return out
 
 
-def probe_argv(python: str, wanted: Sequence[Sequence[Any]], timeout: float) -> list[str]:
-    """The command that runs netprobe in the pod (its source in the argv: nothing to install)."""
-    return script_command(python, "netprobe", json.dumps(list(wanted)), repr(float(timeout)))
+def probe_argv(
+    python: str, wanted: Sequence[Sequence[Any]], timeout: float, then: Sequence[str] = ()
+) -> list[str]:
+    """The command that runs netprobe in the pod (its source in the argv: nothing to install).
+
+    ``then``: a command netprobe becomes once it printed its line (the bridge).
+    """
+    extra = ["--then", *then] if then else []
+    return script_command(python, "netprobe", json.dumps(list(wanted)), repr(float(timeout)), *extra)
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,7 @@ from .execproto import (
     SUBPROTOCOLS,
     ExecProtocolError,
     ExecSession,
+    ExecStreamLostError,
 )
 from .reasons import api_error
 
@@ -264,6 +265,37 @@ class ExecStream(ByteStream):
             self._buf = data
         piece, self._buf = self._buf[:max_bytes], self._buf[max_bytes:]
         return piece
+
+    def read_line(self, limit: int, timeout: float) -> bytes:
+        """The stream's first bytes up to and including ``\n``; what follows stays for :meth:`read`.
+
+        For a program that speaks one line before the stream becomes
+        something else (the network check before the bridge).
+
+        Raises:
+            ExecutionTimeoutError: no full line within ``timeout`` seconds.
+            ExecProtocolError: ``limit`` bytes without a newline.
+            ExecStreamLostError: the stream ended first (see ``ExecSession.exit_code``
+                for why: the status, stderr).
+        """
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            if len(self._buf) >= limit:
+                raise ExecProtocolError(f"no line within the first {limit} bytes of the exec's output")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ExecutionTimeoutError(f"the exec printed no line within {timeout:g} s")
+            try:
+                data = self._recv(left)
+            except TimeoutError:
+                continue
+            if data is None:
+                tail = self.session.stderr()[-300:].decode("utf-8", "replace")
+                ending = self.session.describe() or "no status"
+                raise ExecStreamLostError(f"the exec ended before its first line ({ending}): {tail!r}")
+            self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line + b"\n"
 
     def write(self, data: bytes) -> None:
         from websockets.exceptions import ConnectionClosed
