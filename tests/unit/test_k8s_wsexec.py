@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import ssl
 import subprocess
 import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -265,3 +269,50 @@ def test_importing_the_client_loads_neither_kubernetes_nor_websockets() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_server_that_never_answers_the_upgrade_times_out_never_hangs(tmp_path: Path) -> None:
+    # Over TLS 1.3 the server's session tickets wake websockets' receive
+    # thread with no application data; its read then blocked, and a timed-out
+    # handshake waited for that thread forever (websockets 17.4).
+    pytest.importorskip("websockets")
+    from agentnest.testing.kubeapi import _make_tls
+
+    ca, cert, key = _make_tls(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    held: list[ssl.SSLSocket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                tls = server_ctx.wrap_socket(conn, server_side=True)
+                tls.recv(65536)  # the upgrade request: read, never answered, kept open
+                held.append(tls)
+
+    threading.Thread(target=serve, daemon=True).start()
+    client_ctx = ssl.create_default_context(cafile=str(ca))
+    conn = KubeConnection(f"https://127.0.0.1:{listener.getsockname()[1]}", ssl=client_ctx)
+    outcome: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            wsexec.ExecStream.open(ExecTarget(conn, "ns", "pod", "main"), ["true"], open_timeout=1)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(20)
+    try:
+        assert not worker.is_alive(), "ExecStream.open hung past its open_timeout"
+        assert len(outcome) == 1 and isinstance(outcome[0], RuntimeNotAvailableError), outcome
+        assert "did not answer the exec in time" in str(outcome[0])
+    finally:
+        listener.close()
+        for tls in held:
+            tls.close()

@@ -37,8 +37,11 @@ data: the agent channel's in-band heartbeats do exactly that.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import json
+import socket
 import ssl
 import threading
 import time
@@ -138,6 +141,28 @@ def _websockets() -> Any:
     return websockets
 
 
+@functools.lru_cache(maxsize=1)
+def _connection_class() -> Any:
+    """websockets' sync ClientConnection, closing its socket with a ``shutdown`` first.
+
+    Its receive thread waits in ``select`` and then reads: over TLS the data
+    that woke it may be no application data at all (a TLS 1.3 session ticket
+    right after the handshake), so the read blocks, and ``close()`` of the
+    socket from another thread does not wake it.  A failed or timed-out
+    handshake then hung forever in ``connect()`` (websockets 17.4, a server
+    that never answers the upgrade: reproduced).  ``shutdown`` wakes the read.
+    """
+    from websockets.sync.client import ClientConnection
+
+    class ShutdownFirst(ClientConnection):
+        def close_socket(self) -> None:
+            with contextlib.suppress(OSError):
+                self.socket.shutdown(socket.SHUT_RDWR)
+            super().close_socket()
+
+    return ShutdownFirst
+
+
 def _connect_kwargs(target: ExecTarget, open_timeout: float, connect: Any) -> dict[str, Any]:
     conn = target.connection
     kwargs: dict[str, Any] = {
@@ -159,6 +184,8 @@ def _connect_kwargs(target: ExecTarget, open_timeout: float, connect: Any) -> di
         if conn.proxy is not None:
             raise ConfigurationError(f"the kubeconfig names proxy {conn.proxy}; that needs websockets >= 15")
         del kwargs["proxy"]
+    if "create_connection" in inspect.signature(connect).parameters:
+        kwargs["create_connection"] = _connection_class()
     if conn.ssl is not None:
         kwargs["ssl"] = conn.ssl
         if conn.server_hostname:
@@ -257,6 +284,17 @@ class ExecStream(ByteStream):
             return None
         return self.session.receive(message)
 
+    def _recv_before(self, deadline: float, late: str) -> bytes | None:
+        """:meth:`_recv`, waiting until ``deadline`` (monotonic); then ExecutionTimeoutError(``late``)."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ExecutionTimeoutError(late)
+            try:
+                return self._recv(left)
+            except TimeoutError:
+                continue
+
     def read(self, max_bytes: int) -> bytes:
         while not self._buf:
             data = self._recv()
@@ -282,13 +320,7 @@ class ExecStream(ByteStream):
         while b"\n" not in self._buf:
             if len(self._buf) >= limit:
                 raise ExecProtocolError(f"no line within the first {limit} bytes of the exec's output")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ExecutionTimeoutError(f"the exec printed no line within {timeout:g} s")
-            try:
-                data = self._recv(left)
-            except TimeoutError:
-                continue
+            data = self._recv_before(deadline, f"the exec printed no line within {timeout:g} s")
             if data is None:
                 tail = self.session.stderr()[-300:].decode("utf-8", "replace")
                 ending = self.session.describe() or "no status"
@@ -399,13 +431,7 @@ def run(
     out = bytearray()
     try:
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ExecutionTimeoutError(f"{argv[0]!r} did not finish within {timeout} s")
-            try:
-                data = stream._recv(left)
-            except TimeoutError:
-                continue
+            data = stream._recv_before(deadline, f"{argv[0]!r} did not finish within {timeout} s")
             if data is None:
                 break
             _take(out, data, max_output)
