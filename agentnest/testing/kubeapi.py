@@ -584,6 +584,8 @@ class FakeKubeAPI:
         pod = self._exec_pod(ns, name)
         if pod is None:
             return self._refuse(404, "NotFound", f'pods "{name}" not found', name=name, kind="pods")
+        if self.cluster is not None:
+            self.cluster.authorized.append(("create", "pods/exec", ns))
         denied = self.cluster is not None and ("create", "pods/exec") in self.cluster.denied
         if self.forbid_exec or denied:
             return self._refuse(

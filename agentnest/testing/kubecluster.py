@@ -175,6 +175,9 @@ class ClusterState:
     loop: asyncio.AbstractEventLoop | None = None
     calls: list[tuple[str, str]] = field(default_factory=list)
     """Every request as ``(method, path)``, for tests that count API calls."""
+    authorized: list[tuple[str, str, str | None]] = field(default_factory=list)
+    """Every ``(verb, resource, namespace)`` the API was asked to authorize (exec included),
+    for checking a Role against what a client really does."""
     apiserver: tuple[str, int] | None = None
     """The apiserver's address as pods see it (the ``kubernetes`` Service); set by ``FakeKubeAPI``."""
 
@@ -663,6 +666,7 @@ def add_routes(app: Any, state: ClusterState, *, token: str | None = None) -> No
         return web.Response(status=refusal.code, body=status_json(refusal), content_type="application/json")
 
     def authorize(request: Any, verb: str, plural: str) -> None:
+        state.authorized.append((verb, plural, request.match_info.get("ns")))
         if token is not None and request.headers.get("Authorization") != f"Bearer {token}":
             raise ApiRefusal(401, "Unauthorized", "Unauthorized")
         if (verb, plural) in state.denied:

@@ -304,3 +304,40 @@ def test_a_writable_root_is_given_when_asked_for_and_only_then(backend: Kubernet
     ) as sb:
         assert sb.exec_shell(probe).stdout.strip() == "writable"
         assert sb.exec_shell("id -u").stdout.strip() == "65532"
+
+
+# -- the Role `agentnest kubernetes setup` grants --------------------------------------------
+
+
+@pytest.mark.docker
+def test_the_role_grants_every_namespaced_call_the_backend_makes(double: Double) -> None:
+    """What the backend asks the apiserver to authorize in its namespace, the Role allows.
+
+    The double records every authorization; a Role missing a verb would be a
+    403 on a real cluster that no fake RBAC would show.
+    """
+    from agentnest.runtime.kubernetes.api import KubeApi
+    from agentnest.runtime.kubernetes.prune import prune
+
+    double.state.authorized.clear()
+    spec = KubernetesSpec(
+        namespace=NS, kubeconfig=double.kubeconfig, runtime_class_name=None, max_lifetime=600
+    )
+    backend = KubernetesBackend(spec, start_timeout=60)
+    try:
+        with Sandbox(base_image(), backend=backend, timeout=60, environment={"K": Secret("v")}) as sb:
+            sb.exec_shell("echo hi")
+            sb.extend(30)
+        api, _ = backend._cluster()
+        prune([KubeApi(api.rest, NS)], now=time.time() + 10_000, orphans=True)
+    finally:
+        backend.close()
+    granted = {
+        (verb, resource)
+        for rule in manifests.ROLE_RULES
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    used = {(verb, plural) for verb, plural, ns in double.state.authorized if ns == NS}
+    assert {("create", "pods"), ("create", "pods/exec"), ("patch", "secrets")} <= used  # it ran
+    assert used - granted == set(), "the Role lacks these"

@@ -149,12 +149,19 @@ def test_manifest_from_profile(
     assert [o["kind"] for o in yaml.safe_load_all(out)] == ["NetworkPolicy", "Pod"]
 
 
-def test_manifest_warns_on_lint_problems(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_manifest_of_a_writable_root_profile_is_what_the_backend_would_create(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     path = tmp_path / "agentnest.yaml"
     path.write_text("profiles:\n  rw:\n    image: python:3.12-slim\n    read_only_root: false\n")
-    code, _, err = run(capsys, "kubernetes", "manifest", "--profile", "rw", "--profile-file", str(path))
-    assert code == 0
-    assert "readOnlyRootFilesystem must be true" in err
+    code, out, err = run(
+        capsys, "kubernetes", "manifest", "--profile", "rw", "--profile-file", str(path), "-o", "json"
+    )
+    assert code == 0, err
+    (pod,) = [o for o in _json_stream(out) if o["kind"] == "Pod"]
+    assert pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False
+    # Asked for by the profile: not a lint problem (the backend creates it so, see lint(writable_root=)).
+    assert "readOnlyRootFilesystem" not in err
 
 
 @pytest.mark.parametrize(

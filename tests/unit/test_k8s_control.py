@@ -45,7 +45,7 @@ NS = "agentnest"
 def _no_in_pod_network_check(monkeypatch: pytest.MonkeyPatch) -> None:
     # NullNode runs no container to exec the check in; the check itself runs
     # against real pods in tests/integration/test_k8s_backend.py.
-    monkeypatch.setattr(KubernetesBackend, "_check_network", lambda self, pod: [])
+    monkeypatch.setattr(KubernetesBackend, "_check_network", lambda self, pod: ([], None))
 
 
 @pytest.fixture

@@ -514,8 +514,8 @@ def test_setup_objects() -> None:
     rules = {r["resources"][0]: set(r["verbs"]) for r in role["rules"]}
     assert rules["pods"] == {"create", "get", "list", "watch", "patch", "delete"}
     assert rules["pods/exec"] == {"create", "get"}
-    assert rules["secrets"] == {"create", "get", "delete"}
-    assert rules["networkpolicies"] == {"create", "get", "list", "delete"}
+    assert rules["secrets"] == {"create", "get", "list", "patch", "delete"}
+    assert rules["networkpolicies"] == {"create", "get", "list", "patch", "delete"}
     assert rules["events"] == {"list", "watch"}
     assert binding["subjects"] == [{"kind": "User", "name": "alice", "apiGroup": "rbac.authorization.k8s.io"}]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]

@@ -735,11 +735,12 @@ ROLE_RULES: tuple[Obj, ...] = (
     {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
     # The egress proxy's connection events are read from its log.
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get", "delete"]},
+    # patch: ownerReferences once the Pod exists; list: prune.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get", "list", "patch", "delete"]},
     {
         "apiGroups": ["networking.k8s.io"],
         "resources": ["networkpolicies"],
-        "verbs": ["create", "get", "list", "delete"],
+        "verbs": ["create", "get", "list", "patch", "delete"],
     },
     # Events carry the cluster's reasons (FailedScheduling, ErrImagePull).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch"]},
