@@ -5,6 +5,7 @@ endpoints, and nothing left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import tarfile
@@ -24,6 +25,13 @@ from agentnest.runtime.remote import RemoteBackend
 from agentnest.server.app import ServerSettings, create_app
 from agentnest.server.auth import Ceiling, TokenStore
 from agentnest.server.thread import serve_in_thread
+
+# Imported before any server thread runs: schemathesis imports this lazily while
+# generating, and CPython 3.11's AST constructor keeps its recursion depth per
+# interpreter, not per thread, so a compile racing another thread's failed with
+# "AST constructor recursion depth mismatch" (seen once in CI, a FlakyFailure).
+with contextlib.suppress(ImportError):
+    import schemathesis.generation.dictionaries  # noqa: F401
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 

@@ -184,8 +184,6 @@ def _connect_kwargs(target: ExecTarget, open_timeout: float, connect: Any) -> di
         if conn.proxy is not None:
             raise ConfigurationError(f"the kubeconfig names proxy {conn.proxy}; that needs websockets >= 15")
         del kwargs["proxy"]
-    if "create_connection" in inspect.signature(connect).parameters:
-        kwargs["create_connection"] = _connection_class()
     if conn.ssl is not None:
         kwargs["ssl"] = conn.ssl
         if conn.server_hostname:
@@ -241,6 +239,8 @@ class ExecStream(ByteStream):
 
         url = exec_url(target, argv, stdin=stdin)
         kwargs = _connect_kwargs(target, open_timeout, connect)
+        if "create_connection" in inspect.signature(connect).parameters:
+            kwargs["create_connection"] = _connection_class()  # the sync face only
         if "legacy" in inspect.signature(connect).parameters:
             # 17.1+ warns unless connect() is a context manager; this object
             # outlives any with-block, and closes in close().
