@@ -22,6 +22,7 @@ import pytest
 from integration.helpers import Background, container_of, need_storage_pool
 
 from agentnest import ExecutionTimeoutError, Sandbox, SandboxDestroyedError, SecurityPolicy, SessionLostError
+from agentnest.errors import ChannelError
 from agentnest.testing.wait import wait_until
 
 from .probes import run_json
@@ -175,10 +176,12 @@ def test_sandbox_survives_a_fork_bomb(small: Sandbox, backend_name: str, docker_
         except AssertionError as exc:
             raise AssertionError(f"{exc}; still in the sandbox: {left}") from None
         assert alive(small)
-    except SandboxDestroyedError:
+    except (SandboxDestroyedError, ChannelError):
         if backend_name == "gvisor":
             # Not always: under load the bomb can stop short of the ceiling and
-            # the sandbox lives, which the assertions here then hold it to.
+            # the sandbox lives, which the assertions here then hold it to.  The
+            # same hole sometimes takes only the agent (ChannelError: agent lost),
+            # seen once in a full run.
             pytest.xfail(GVISOR_FORK_BOMB)
         raise
     assert report == REFUSED
