@@ -1093,13 +1093,21 @@ class Proxy:
 # -- program -------------------------------------------------------------------
 
 
-def read_deadline(path: str) -> Optional[float]:
-    """The deadline in ``path`` if it is a root-owned regular file (not a link), else None."""
+def read_deadline(path: str, follow: bool = False) -> Optional[float]:
+    """The deadline in ``path`` if it is a root-owned regular file, else None.
+
+    ``follow=False`` (Docker: the host writes the file into a directory the
+    container shares) refuses a symbolic link.  ``follow=True`` is for a
+    Kubernetes downwardAPI volume, whose files are links into the kubelet's
+    atomically swapped ``..data`` directory; the volume is read-only and
+    root-owned, and nothing but the proxy runs in its pod.
+    """
     import os
     import stat
 
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, flags)
     except OSError:
         return None
     try:
@@ -1126,6 +1134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     listen = config.get("listen") or ["127.0.0.1", 3128]
     deadline = config.get("deadline")
     deadline_file = config.get("deadline_file")
+    follow = bool(config.get("deadline_follow"))
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
@@ -1138,19 +1147,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, done)
         timer = []  # type: List[asyncio.TimerHandle]
+
+        def expire() -> None:
+            # At the deadline, look once more: a moved deadline whose signal
+            # never came (Kubernetes sends none) is still honoured.
+            new = read_deadline(str(deadline_file), follow) if deadline_file else None
+            if new is not None and new > time.time():
+                arm(new)
+            else:
+                done()
+
+        def arm(when: float) -> None:
+            for handle in timer:
+                handle.cancel()
+            timer[:] = [loop.call_later(max(0.0, when - time.time()), expire)]
+
         if deadline is not None:
             # The proxy ends with its sandbox even if the host process died.
-            timer.append(loop.call_later(max(0.0, float(deadline) - time.time()), done))
+            arm(float(deadline))
 
         def moved() -> None:
             # Sandbox.extend(): the host (as root) wrote a new deadline.  Only a
             # root-owned regular file counts: this process (UID 65532) cannot forge one.
-            new = read_deadline(str(deadline_file)) if deadline_file else None
-            if new is None:
-                return
-            for handle in timer:
-                handle.cancel()
-            timer[:] = [loop.call_later(max(0.0, new - time.time()), done)]
+            new = read_deadline(str(deadline_file), follow) if deadline_file else None
+            if new is not None:
+                arm(new)
 
         loop.add_signal_handler(signal.SIGUSR1, moved)
         proxy = Proxy(rules, limits, clients=config.get("clients") or ())

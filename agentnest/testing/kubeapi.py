@@ -435,6 +435,7 @@ class FakeKubeAPI:
 
         app = web.Application()
         app.router.add_route("*", "/api/v1/namespaces/{ns}/pods/{name}/exec", self._exec)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._log)
         # Legacy discovery, which kubectl reads before anything else.
         app.router.add_get("/api", self._discovery)
         app.router.add_get("/apis", self._discovery)
@@ -662,6 +663,66 @@ class FakeKubeAPI:
         finally:
             self._live.pop(id(request), None)
         return ws
+
+    async def _log(self, request: Any) -> Any:
+        """``GET .../pods/NAME/log``: the container's output, followed if asked, with timestamps if asked."""
+        from aiohttp import web
+
+        refused = self._check_auth(request)
+        if refused is not None:
+            return refused
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        obj = self.cluster.get("pods", ns, name) if self.cluster is not None else None
+        if obj is None or self.cluster is None:
+            return self._refuse(404, "NotFound", f'pods "{name}" not found', name=name, kind="pods")
+        self.cluster.authorized.append(("get", "pods/log", ns))
+        if ("get", "pods/log") in self.cluster.denied:
+            return self._refuse(
+                403,
+                "Forbidden",
+                f'pods "{name}" is forbidden: User "fake" cannot get resource "pods/log" '
+                f'in API group "" in the namespace "{ns}"',
+                name=name,
+                kind="pods",
+            )
+        containers = [str(c.get("name")) for c in obj.get("spec", {}).get("containers", [])]
+        container = request.query.get("container") or (containers[0] if len(containers) == 1 else "")
+        if container not in containers:
+            return self._refuse(400, "BadRequest", f"container {container} is not valid for pod {name}")
+        flag = {k: request.query.get(k, "false").lower() in ("true", "1") for k in ("follow", "timestamps")}
+        argv = self.cluster.node.log_argv(
+            obj,
+            container,
+            follow=flag["follow"],
+            timestamps=flag["timestamps"],
+            since=request.query.get("sinceTime"),
+        )
+        if argv is None:
+            return self._refuse(
+                400,
+                "BadRequest",
+                f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating',
+            )
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        try:
+            await response.prepare(request)
+            assert proc.stdout is not None
+            while True:
+                chunk = await proc.stdout.read(64 << 10)
+                if not chunk:
+                    break
+                await response.write(chunk)
+        finally:
+            _kill(proc)
+            await proc.wait()
+        return response
 
     def cut_streams(self) -> int:
         """Abort every exec stream in progress, with no status (an apiserver restart, a proxy's cut).

@@ -117,6 +117,12 @@ class Node:
         """The host argv that runs ``argv`` in the pod's container, or ``None`` if it is not running."""
         return None
 
+    def log_argv(
+        self, pod: dict[str, Any], container: str, *, follow: bool, timestamps: bool, since: str | None
+    ) -> list[str] | None:
+        """The host argv that prints the container's log, or ``None`` if it never started."""
+        return None
+
     def updated(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
         """``pod``'s metadata changed (a patch): refresh what the node derives from it."""
 
@@ -129,6 +135,7 @@ class NullNode(Node):
 
     def __init__(self, missing_images: Iterable[str] = ()) -> None:
         self.missing_images = set(missing_images)
+        self._count = 0
 
     def start(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
         container = pod["spec"]["containers"][0]
@@ -143,7 +150,9 @@ class NullNode(Node):
                 waiting=("ImagePullBackOff", f'Back-off pulling image "{container["image"]}"'),
             )
             return
-        cluster.set_pod_status(ns, name, phase="Running", running=True)
+        self._count += 1
+        address = f"10.244.{self._count // 250 % 250}.{self._count % 250 + 2}"
+        cluster.set_pod_status(ns, name, phase="Running", running=True, pod_ip=address)
 
 
 @dataclass
@@ -266,8 +275,12 @@ class ClusterState:
         running: bool = False,
         waiting: tuple[str, str] | None = None,
         terminated: tuple[str, int] | None = None,
+        pod_ip: str | None = None,
     ) -> None:
-        """The node reports a pod's state (thread-safe; ignored for a deleted pod)."""
+        """The node reports a pod's state (thread-safe; ignored for a deleted pod).
+
+        ``pod_ip`` once the pod has an address; it is kept by later reports.
+        """
         with self._lock:
             pod = self.objects.get(("pods", namespace, name))
             if pod is None:
@@ -296,6 +309,10 @@ class ClusterState:
                 status["reason"] = reason
             if message:
                 status["message"] = message
+            address = pod_ip or (pod.get("status") or {}).get("podIP")
+            if address:
+                status["podIP"] = address
+                status["podIPs"] = [{"ip": address}]
             pod["status"] = status
             self.put("pods", pod)
 

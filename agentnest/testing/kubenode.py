@@ -8,7 +8,15 @@ node-local one), its resources the container's limits, its memory-backed
 environment the Secret's values, its ``runtimeClassName`` the engine's OCI
 runtime through the RuntimeClass's handler (``runsc`` for gVisor).  A pod that
 a NetworkPolicy isolates in both directions with no rule gets no network, as a
-policy-enforcing CNI would give it.  The exec endpoint runs ``docker exec``.
+policy-enforcing CNI would give it; pods that policies let talk to each other
+(a sandbox and its egress proxy) share a private link network with no route
+out (:func:`pod_network`), and a pod whose policy allows ``ipBlock``
+destinations also joins the engine's bridge.  The double does not enforce an
+``ipBlock``'s ``except`` list (the egress proxy refuses private addresses
+itself).  Pods get an address (``status.podIP``), an ``/etc/hosts`` with
+their ``hostAliases`` and an ``/etc/resolv.conf`` naming a cluster DNS
+address where nothing answers.  The exec endpoint runs ``docker exec``, the
+log endpoint ``docker logs``.
 
 Failures come back the way a kubelet reports them: an image the engine does
 not have is ``ErrImagePull`` then ``ImagePullBackOff`` (nothing is pulled: the
@@ -22,20 +30,98 @@ a ``FailedCreatePodSandBox`` event, a missing Secret a
 from __future__ import annotations
 
 import base64
+import hashlib
+import ipaddress
+import random
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .kubecluster import ClusterState, Node, parse_quantity
 
-__all__ = ["DockerNode"]
+__all__ = ["DockerNode", "PodNetwork", "pod_network"]
 
-#: The label on every container of the double, for cleaning up.
+#: The label on every container and network of the double, for cleaning up.
 LABEL = "agentnest.kubedouble"
+#: Where link networks are drawn from: RFC 2544's benchmarking range (as the
+#: Docker backend's egress networks; a clash is drawn again).
+LINK_SUBNETS = ipaddress.IPv4Network("198.18.0.0/15")
+#: The cluster DNS address written into pods' resolv.conf (dnsPolicy
+#: ClusterFirst); nothing answers there, as no DNS runs in the double.
+CLUSTER_DNS = "10.96.0.10"
+
+
+@dataclass(frozen=True)
+class PodNetwork:
+    """What the NetworkPolicies selecting a pod let it reach, as the double wires it."""
+
+    #: No policy selects the pod for egress and ingress both with no rule: False.
+    isolated: bool
+    #: Link networks (by name) it shares with the pods its policies name.
+    links: tuple[str, ...]
+    #: Whether it may reach addresses outside the cluster (an ipBlock, or no egress policy).
+    outside: bool
+
+
+def _selects(policy: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    wanted = ((policy.get("spec") or {}).get("podSelector") or {}).get("matchLabels") or {}
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def link_name(namespace: str, selector: Mapping[str, Any]) -> str:
+    """The link network of the pods ``selector`` (``matchLabels``) picks in ``namespace``."""
+    labels = sorted(((selector or {}).get("matchLabels") or {}).items())
+    digest = hashlib.sha256(repr((namespace, labels)).encode()).hexdigest()[:12]
+    return f"kubedouble-link-{digest}"
+
+
+def pod_network(policies: Iterable[Mapping[str, Any]], pod: Mapping[str, Any]) -> PodNetwork:
+    """How the double connects ``pod``, from the NetworkPolicies of its namespace.
+
+    Only the shapes AgentNest writes are understood: ``podSelector`` peers in
+    the same namespace (a link network named after the selector, which the
+    pod on the other end joins through its own policy's ``podSelector``),
+    ``ipBlock`` peers (the bridge), ``namespaceSelector`` peers (ignored: the
+    double runs nothing in other namespaces).
+    """
+    meta = pod.get("metadata") or {}
+    ns, labels = str(meta.get("namespace")), meta.get("labels") or {}
+    ingress = egress = allowed_in = allowed_out = False
+    outside = False
+    links: list[str] = []
+    for policy in policies:
+        if not _selects(policy, labels):
+            continue
+        spec = policy.get("spec") or {}
+        types = spec.get("policyTypes") or ["Ingress"]
+        if "Ingress" in types:
+            ingress = True
+            for rule in spec.get("ingress") or []:
+                allowed_in = True
+                for peer in rule.get("from") or []:
+                    if "podSelector" in peer and "namespaceSelector" not in peer:
+                        links.append(link_name(ns, spec.get("podSelector") or {}))
+        if "Egress" in types:
+            egress = True
+            for rule in spec.get("egress") or []:
+                allowed_out = True
+                peers = rule.get("to") or []
+                if not peers:
+                    outside = True  # a rule with no peers allows every destination
+                for peer in peers:
+                    if "ipBlock" in peer:
+                        outside = True
+                    elif "podSelector" in peer and "namespaceSelector" not in peer:
+                        links.append(link_name(ns, peer["podSelector"]))
+    if not egress:
+        outside = True
+    isolated = ingress and egress and not allowed_in and not allowed_out
+    return PodNetwork(isolated, tuple(dict.fromkeys(links)), outside and not isolated)
 
 
 class DockerNode(Node):
@@ -75,6 +161,7 @@ class DockerNode(Node):
         self._podinfo_tmp = tempfile.TemporaryDirectory(prefix="agentnest-kubenode-")
         self._podinfo_root = Path(self._podinfo_tmp.name)
         self._containers: dict[str, str] = {}  # pod uid -> container id
+        self._links: dict[str, list[str]] = {}  # pod uid -> its link networks
         self._lock = threading.Lock()
         self._runtimes: set[str] | None = None
 
@@ -130,14 +217,23 @@ class DockerNode(Node):
                 ns, name, phase="Pending", waiting=("CreateContainerConfigError", str(exc))
             )
             return
+        extra_networks = kwargs.pop("_extra_networks", [])
+        links = kwargs.pop("_links", [])
         try:
+            for link in links:
+                self._ensure_link(link)
+            with self._lock:
+                self._links[uid] = list(links)
             created = self.client.containers.create(local, **kwargs)
             with self._lock:
                 self._containers[uid] = created.id
+            for extra in extra_networks:
+                self.client.networks.get(extra).connect(created)
             if cluster.get("pods", ns, name) is None:  # deleted meanwhile
-                created.remove(force=True)
+                self._remove(uid)
                 return
             created.start()
+            created.reload()
         except docker.errors.APIError as exc:
             cluster.add_event(ns, name, "Warning", "Failed", f"Error: {exc.explanation}")
             cluster.set_pod_status(
@@ -145,7 +241,7 @@ class DockerNode(Node):
             )
             return
         cluster.add_event(ns, name, "Normal", "Started", f"Started container {container['name']}")
-        cluster.set_pod_status(ns, name, phase="Running", running=True)
+        cluster.set_pod_status(ns, name, phase="Running", running=True, pod_ip=self._address(created, links))
         deadline = spec.get("activeDeadlineSeconds")
         started = time.monotonic()
         while True:
@@ -278,12 +374,37 @@ class DockerNode(Node):
             "tty": False,
             "detach": True,
         }
+        aliases = {
+            str(host): str(entry.get("ip"))
+            for entry in spec.get("hostAliases") or []
+            for host in entry.get("hostnames") or []
+        }
+        if aliases:
+            kwargs["extra_hosts"] = aliases  # the kubelet writes them into /etc/hosts
+        network = pod_network(cluster.list("networkpolicies", ns), pod)
         if not self.enforce_network_policies:
             kwargs["network_mode"] = "host"
             if handler == "runsc" and "runsc-host" in self._known_runtimes():
                 kwargs["runtime"] = "runsc-host"  # gVisor's own stack would hide the node's loopback
-        elif self._isolated(cluster, pod):
+        elif network.isolated:
             kwargs["network_mode"] = "none"
+        elif network.links:
+            names = [*network.links, *(["bridge"] if network.outside else [])]
+            kwargs["network_mode"] = names[0]
+            kwargs["_extra_networks"] = names[1:]
+            kwargs["_links"] = list(network.links)
+            if handler == "runsc" and "runsc-host" in self._known_runtimes():
+                # runsc here is registered with --network=none; runsc-host
+                # runs gVisor's netstack on the container's own interfaces.
+                kwargs["runtime"] = "runsc-host"
+            # ClusterFirst: the kubelet's resolv.conf names the cluster DNS.
+            resolv = self._podinfo_dir(meta["uid"], "..resolv") / "resolv.conf"
+            resolv.write_text(
+                f"nameserver {CLUSTER_DNS}\nsearch {ns}.svc.cluster.local svc.cluster.local cluster.local\n"
+                "options ndots:5\n"
+            )
+            resolv.chmod(0o644)
+            binds[str(resolv)] = {"bind": "/etc/resolv.conf", "mode": "ro"}
         if uid is not None:
             kwargs["user"] = f"{uid}:{gid}" if gid is not None else str(uid)
         fs_group = pod_sc.get("fsGroup")
@@ -297,26 +418,6 @@ class DockerNode(Node):
             kwargs["nano_cpus"] = int(parse_quantity(limits["cpu"]) * 1e9)
         return kwargs
 
-    @staticmethod
-    def _isolated(cluster: ClusterState, pod: dict[str, Any]) -> bool:
-        """Whether NetworkPolicies leave the pod no way in or out (then: no network at all)."""
-        labels = pod["metadata"].get("labels") or {}
-        ingress = egress = False
-        allowed_in = allowed_out = False
-        for policy in cluster.list("networkpolicies", pod["metadata"]["namespace"]):
-            spec = policy.get("spec") or {}
-            wanted = (spec.get("podSelector") or {}).get("matchLabels") or {}
-            if any(labels.get(k) != v for k, v in wanted.items()):
-                continue
-            types = spec.get("policyTypes") or ["Ingress"]
-            if "Ingress" in types:
-                ingress = True
-                allowed_in = allowed_in or bool(spec.get("ingress"))
-            if "Egress" in types:
-                egress = True
-                allowed_out = allowed_out or bool(spec.get("egress"))
-        return ingress and egress and not allowed_in and not allowed_out
-
     def exec_argv(self, pod: dict[str, Any], container: str, argv: list[str]) -> list[str] | None:
         with self._lock:
             cid = self._containers.get(pod["metadata"]["uid"])
@@ -324,8 +425,88 @@ class DockerNode(Node):
             return None
         return ["docker", "exec", "-i", cid, *argv]
 
+    def log_argv(
+        self, pod: dict[str, Any], container: str, *, follow: bool, timestamps: bool, since: str | None
+    ) -> list[str] | None:
+        with self._lock:
+            cid = self._containers.get(pod["metadata"]["uid"])
+        if cid is None:
+            return None
+        argv = ["docker", "logs"]
+        if follow:
+            argv.append("--follow")
+        if timestamps:
+            argv.append("--timestamps")
+        if since:
+            argv += ["--since", since]
+        return [*argv, cid]
+
     def stop(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
         self._remove(pod["metadata"]["uid"])
+
+    # -- link networks ------------------------------------------------------------------
+
+    def _ensure_link(self, name: str) -> None:
+        """Create link network ``name`` unless it exists: internal, no address on the host's side."""
+        import docker.errors
+        from docker.types import IPAMConfig, IPAMPool
+
+        try:
+            self.client.networks.get(name)
+            return
+        except docker.errors.NotFound:
+            pass
+        rng = random.SystemRandom()
+        count = 2 ** (29 - LINK_SUBNETS.prefixlen)
+        last = ""
+        for _ in range(16):
+            subnet = ipaddress.IPv4Network((int(LINK_SUBNETS.network_address) + rng.randrange(count) * 8, 29))
+            try:
+                self.client.networks.create(
+                    name,
+                    driver="bridge",
+                    internal=True,  # no route out
+                    # No IPv4 on the host's side: the node (and its loopback services) unreachable.
+                    options={"com.docker.network.bridge.inhibit_ipv4": "true"},
+                    ipam=IPAMConfig(
+                        pool_configs=[IPAMPool(subnet=str(subnet), gateway=str(subnet.network_address + 1))]
+                    ),
+                    labels={LABEL: "1"},
+                    check_duplicate=True,
+                )
+                return
+            except docker.errors.APIError as exc:
+                last = str(exc.explanation)
+                if "overlap" in last.lower():
+                    continue
+                if "already exists" in last.lower():
+                    return  # another pod of the link made it first
+                raise
+        raise docker.errors.APIError(f"no free /29 for link network {name}: {last}")
+
+    @staticmethod
+    def _address(container: Any, links: list[str]) -> str | None:
+        networks = (container.attrs.get("NetworkSettings") or {}).get("Networks") or {}
+        for name in [*links, "bridge"]:
+            address = (networks.get(name) or {}).get("IPAddress")
+            if address:
+                return str(address)
+        return None
+
+    def _drop_links(self, uid: str) -> None:
+        import docker.errors
+
+        with self._lock:
+            links = self._links.pop(uid, [])
+        for link in links:
+            try:
+                self.client.networks.get(link).remove()
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if "active endpoints" not in str(exc.explanation):
+                    raise
+                # Another pod of the link still runs; it removes the network.
 
     # -- downwardAPI volumes ------------------------------------------------------------
 
@@ -362,15 +543,15 @@ class DockerNode(Node):
         with self._lock:
             cid = self._containers.pop(uid, None)
         shutil.rmtree(self._podinfo_root / uid, ignore_errors=True)
-        if cid is None:
-            return
-        try:
-            self.client.containers.get(cid).remove(force=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if "already in progress" not in str(exc):
-                raise
+        if cid is not None:
+            try:
+                self.client.containers.get(cid).remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if "already in progress" not in str(exc):
+                    raise
+        self._drop_links(uid)
 
     def close(self) -> None:
         for c in self.client.containers.list(all=True, filters={"label": LABEL}):
@@ -378,8 +559,14 @@ class DockerNode(Node):
                 c.remove(force=True)
             except Exception:  # noqa: S112 - best effort: the test's own cleanup
                 continue
+        for n in self.client.networks.list(filters={"label": LABEL}):
+            try:
+                n.remove()
+            except Exception:  # noqa: S112 - best effort: the test's own cleanup
+                continue
         with self._lock:
             self._containers.clear()
+            self._links.clear()
         self._podinfo_tmp.cleanup()
 
 

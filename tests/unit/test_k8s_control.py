@@ -37,6 +37,7 @@ from agentnest.runtime.kubernetes.rest import KubeRest
 from agentnest.secrets import Secret
 from agentnest.testing.kubeapi import FakeKubeAPI
 from agentnest.testing.kubecluster import ClusterState, Node, NullNode
+from agentnest.testing.wait import wait_until
 
 NS = "agentnest"
 
@@ -300,11 +301,51 @@ def test_a_failed_start_leaves_nothing_behind(backend: KubernetesBackend, cluste
     )
 
 
-def test_what_the_backend_cannot_enforce_yet_is_refused(backend: KubernetesBackend) -> None:
-    with pytest.raises(UnsupportedCapabilityError, match="egress proxy"):
-        backend.create(
-            SandboxConfig(image="agentnest/base:1", network=NetworkPolicy.allowlist(["example.com"]))
-        )
+def test_an_open_network_is_refused_before_anything_is_created(
+    backend: KubernetesBackend, cluster: ClusterState
+) -> None:
+    with pytest.raises(UnsupportedCapabilityError, match=r"no open network.*allowlist"):
+        backend.create(SandboxConfig(image="agentnest/base:1", network=NetworkPolicy.open()))
+    assert cluster.list("pods", NS) == [] and cluster.list("networkpolicies", NS) == []
+
+
+class _NoAddressNode(NullNode):
+    """A node whose network plugin never gives pods an address."""
+
+    def start(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        cluster.set_pod_status(ns, name, phase="Running", running=True)
+
+
+def test_a_proxy_pod_without_an_address_fails_the_create_and_leaves_nothing(
+    server: FakeKubeAPI, cluster: ClusterState
+) -> None:
+    cluster.node = _NoAddressNode()
+    backend = KubernetesBackend(
+        KubernetesSpec(namespace=NS, kubeconfig=str(server.write_kubeconfig()), runtime_class_name=None)
+    )
+    try:
+        with pytest.raises(BackendError, match=r"egress proxy pod .* no usable address \(status.podIP=''\)"):
+            backend.create(
+                SandboxConfig(image="agentnest/base:1", network=NetworkPolicy.allowlist(["example.com"]))
+            )
+    finally:
+        backend.close()
+    assert cluster.list("pods", NS) == [] and cluster.list("networkpolicies", NS) == []
+
+
+def test_a_proxy_that_never_listens_fails_the_create_with_its_pod_named(
+    backend: KubernetesBackend, cluster: ClusterState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NullNode's pods get addresses but run nothing: the proxy never logs that it listens."""
+    from agentnest.runtime.kubernetes import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "PROXY_READY_TIMEOUT", 0.5)
+    config = SandboxConfig(image="agentnest/base:1", network=NetworkPolicy.allowlist(["example.com"]))
+    with pytest.raises(BackendError, match=r"egress proxy pod agentnest-\w+-egress (did not listen|stopped)"):
+        backend.create(config)
+    wait_until(lambda: cluster.list("pods", NS) == [], "the pods to go", 10)
+    assert cluster.list("networkpolicies", NS) == []
 
 
 def test_zero_three_zero_keywords_are_accepted(tmp_path: Any) -> None:

@@ -12,12 +12,13 @@ readable, and separate tests check the real commands.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 import os
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kubernetes_validate
@@ -29,6 +30,7 @@ from agentnest.config import MiB, ResourceLimits, SandboxConfig
 from agentnest.egress.proxy import Limits, Rules
 from agentnest.errors import ConfigurationError
 from agentnest.policy import NetworkPolicy
+from agentnest.runtime.bootstrap import PODINFO_DEADLINE
 from agentnest.runtime.kubernetes import KubernetesSpec
 from agentnest.runtime.kubernetes import manifests as m
 from agentnest.runtime.kubernetes.lint import lint
@@ -445,10 +447,23 @@ def test_proxy_pod_is_hardened_and_runs_our_proxy() -> None:
     assert proxy_config["listen"] == ["0.0.0.0", 3128]
     assert proxy_config["domains"] == ["pypi.org", "*.pythonhosted.org"]
     assert proxy_config["deadline"] == math.ceil(NOW + 300)
+    # extend(): the proxy reads the kubelet's copy of its annotation (a link) again at its deadline.
+    assert (proxy_config["deadline_file"], proxy_config["deadline_follow"]) == (PODINFO_DEADLINE, True)
+    mounts = {v["mountPath"]: v["name"] for v in c["volumeMounts"]}
+    assert mounts[str(PurePosixPath(PODINFO_DEADLINE).parent)] == "podinfo"
     Rules.from_config(proxy_config)
     Limits.from_config(proxy_config)
     assert c["command"][:4] == ["python3", "-S", "-c", c["command"][3]]
     assert lint(proxy) == []
+
+
+def test_egress_hosts_reach_the_proxy_and_bad_ones_are_refused_early() -> None:
+    config, spec = _allowlist()
+    spec = dataclasses.replace(spec, egress_hosts={"pypi.org": "10.1.2.3"})
+    proxy = _pod(m.render(config, spec, SANDBOX, now=NOW, command=COMMAND), "egress-proxy")
+    assert json.loads(proxy["spec"]["containers"][0]["command"][-1])["hosts"] == {"pypi.org": "10.1.2.3"}
+    with pytest.raises(ConfigurationError, match="egress_hosts"):
+        KubernetesSpec(egress_hosts={"pypi.org": "not-an-address"})
 
 
 def test_proxy_image_prefers_the_policy() -> None:

@@ -17,7 +17,7 @@ shape the calls:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ...errors import BackendError, SandboxDestroyedError
@@ -172,6 +172,28 @@ class KubeApi:
             allow_missing=True,
         )
         return doc is not None
+
+    def log_lines(
+        self,
+        pod: str,
+        container: str,
+        *,
+        since_time: str | None,
+        timeout: float,
+        read_timeout: float,
+        max_line: int,
+    ) -> Iterator[bytes]:
+        """Follow a container's log: its lines, each prefixed with the kubelet's RFC 3339 timestamp."""
+        return self.rest.lines(
+            self._path("Pod", pod) + "/log",
+            action=f"read the log of pod {pod}",
+            namespace=self.namespace,
+            query={"container": container, "follow": "true", "timestamps": "true", "sinceTime": since_time},
+            timeout=timeout,
+            read_timeout=read_timeout,
+            max_line=max_line,
+            accept="*/*",
+        )
 
     def events(self, pod: str) -> list[dict[str, Any]]:
         """The pod's Events, oldest first."""

@@ -46,6 +46,7 @@ from ...policy import NetworkMode
 from ..base import Capability, RuntimeBackend, SandboxHandle
 from ..bootstrap import PODINFO_DEADLINE, bridge_command, script_command
 from ..bootstrap import command as bootstrap_command
+from ..egresslog import EgressLog
 from ..owner import owner
 from . import manifests, netcheck
 from .lint import check
@@ -58,6 +59,9 @@ __all__ = ["KubernetesBackend"]
 START_TIMEOUT = 300.0
 #: How long the agent may take to listen once the pod runs.
 AGENT_TIMEOUT = 60.0
+
+#: How long the egress proxy may take to listen once its pod runs.
+PROXY_READY_TIMEOUT = 30.0
 
 #: How long extend() waits for the kubelet to copy the new deadline into the pod.
 EXTEND_TIMEOUT = 90.0
@@ -136,6 +140,8 @@ class KubernetesBackend(RuntimeBackend):
                 Capability.DEADLINE,
                 # The annotation, copied by the kubelet for the keeper (within max_lifetime).
                 Capability.EXTEND,
+                # A filtering proxy pod per sandbox (where the CNI enforces policies).
+                Capability.EGRESS_DOMAINS,
                 # Both move the workspace through the agent channel.
                 Capability.FORK,
                 Capability.SNAPSHOT,
@@ -175,15 +181,12 @@ class KubernetesBackend(RuntimeBackend):
     # -- lifecycle ----------------------------------------------------------------
 
     def create(self, config: SandboxConfig) -> SandboxHandle:
-        if config.network.mode is NetworkMode.ALLOWLIST:
-            raise UnsupportedCapabilityError(
-                "the kubernetes backend does not run the egress proxy yet: use network denied, "
-                "or the docker/gvisor backend for an allowlist"
-            )
         if config.network.mode is NetworkMode.OPEN:
             raise UnsupportedCapabilityError(
-                "the kubernetes backend gives sandboxes no open network (only denied for now)"
+                "the kubernetes backend gives sandboxes no open network: use NetworkPolicy.allowlist(...) "
+                "(egress through a filtering proxy pod) or denied; no pod was created"
             )
+        allowlist = config.network.mode is NetworkMode.ALLOWLIST
         api, _ = self._cluster()
         sandbox_id = os.urandom(6).hex()
         now = time.time()
@@ -196,50 +199,85 @@ class KubernetesBackend(RuntimeBackend):
                 obj["metadata"]["annotations"][manifests.OWNER_PROCESS] = owner()
         created: list[tuple[str, str]] = []
         pod_name = manifests.pod_name(sandbox_id)
+        egress: _Egress | None = None
         try:
             stored_pod: dict[str, Any] | None = None
             for obj in objects:
+                name = str(obj["metadata"]["name"])
+                if allowlist and obj["kind"] == "Pod" and name == pod_name:
+                    # The sandbox reaches its proxy by the address the proxy pod got.
+                    egress = self._start_egress(api, sandbox_id, created)
+                    manifests.point_at_proxy(obj, egress.proxy_ip)
                 stored = api.create(obj)
                 created.append((str(obj["kind"]), str(stored["metadata"]["name"])))
                 if obj["kind"] == "Pod":
-                    stored_pod = stored
                     self._check_stored(obj, stored)
+                    if name == pod_name:
+                        stored_pod = stored
             assert stored_pod is not None
             uid = str(stored_pod["metadata"]["uid"])
             for kind, name in created:
-                if kind != "Pod":
+                if (kind, name) != ("Pod", pod_name):
                     api.patch(kind, name, {"metadata": {"ownerReferences": _owner(pod_name, uid)}})
             api.wait_running(pod_name, self.start_timeout)
+            if egress is not None:
+                egress.wait_ready()
             checked, stream = self._check_network(pod_name)
         except BaseException:
+            if egress is not None:
+                egress.follower.stop()
             self._remove(api, created)
             raise
-        return SandboxHandle(
-            id=sandbox_id,
-            backend=self.name,
-            deadline=now + config.lifetime,
-            info={
-                "namespace": self.spec.namespace,
-                "pod": pod_name,
-                "objects": created,
-                # The agent runs already, listening: the first connection
-                # sends a reconnect frame (ids from 1), not the bundle.  The
-                # sandbox is handed out once it answered (Sandbox's connect).
-                "reconnect_ids": 1,
-                "first": True,
-                # The network check's exec, now the bridge: the first channel.
-                "stream": stream,
-                # After a lost stream, a new exec reaches the same agent: the
-                # Sandbox reconnects with the ids after its last (sessions and
-                # commands live on).
-                "reattach": True,
-                # What the in-pod network check saw (all blocked, or no hand-out).
-                "network_check": [str(o) for o in checked],
-                # The latest deadline extend() may set: activeDeadlineSeconds
-                # (counted by the kubelet from a later start) less the keeper's grace.
-                "hard_stop": now + manifests.hard_stop_seconds(config, self.spec) - manifests.DEADLINE_GRACE,
-            },
-        )
+        info: dict[str, Any] = {
+            "namespace": self.spec.namespace,
+            "pod": pod_name,
+            "objects": created,
+            # The agent runs already, listening: the first connection
+            # sends a reconnect frame (ids from 1), not the bundle.  The
+            # sandbox is handed out once it answered (Sandbox's connect).
+            "reconnect_ids": 1,
+            "first": True,
+            # The network check's exec, now the bridge: the first channel.
+            "stream": stream,
+            # After a lost stream, a new exec reaches the same agent: the
+            # Sandbox reconnects with the ids after its last (sessions and
+            # commands live on).
+            "reattach": True,
+            # What the in-pod network check saw (all blocked, or no hand-out).
+            "network_check": [str(o) for o in checked],
+            # The latest deadline extend() may set: activeDeadlineSeconds
+            # (counted by the kubelet from a later start) less the keeper's grace.
+            "hard_stop": now + manifests.hard_stop_seconds(config, self.spec) - manifests.DEADLINE_GRACE,
+        }
+        if egress is not None:
+            # Sandbox.network_log() reads it; it stays readable after destroy.
+            info["egress"] = egress.log
+            info["egress_follower"] = egress.follower
+            info["proxy_pod"] = egress.pod
+        return SandboxHandle(id=sandbox_id, backend=self.name, deadline=now + config.lifetime, info=info)
+
+    def _start_egress(self, api: Any, sandbox_id: str, created: list[tuple[str, str]]) -> _Egress:
+        """Wait for the (already created) proxy pod to run; follow its log for events."""
+        import ipaddress
+
+        from .egress import ProxyLogFollower
+
+        name = manifests.proxy_pod_name(sandbox_id)
+        if ("Pod", name) not in created:  # pragma: no cover - render's order
+            raise BackendError(f"the egress proxy pod {name} was not created before its sandbox")
+        proxy = api.wait_running(name, self.start_timeout)
+        raw = str((proxy.get("status") or {}).get("podIP") or "")
+        try:
+            address = str(ipaddress.ip_address(raw))
+        except ValueError:
+            raise BackendError(
+                f"the egress proxy pod {name} runs but the cluster gives it no usable address "
+                f"(status.podIP={raw[:60]!r}); the sandbox was not created"
+            ) from None
+        log = EgressLog(sandbox_id)
+        follower = ProxyLogFollower(api, name, log)
+        follower.start()
+        return _Egress(name, address, log, follower)
 
     def _check_network(self, pod_name: str) -> tuple[list[Outcome], ByteStream]:
         """Prove from inside the pod that its network is denied (:mod:`.netcheck`); fail closed.
@@ -312,7 +350,12 @@ class KubernetesBackend(RuntimeBackend):
             )
         api, connection = self._cluster()
         value = str(math.ceil(deadline))
-        api.patch("Pod", handle.info["pod"], {"metadata": {"annotations": {manifests.DEADLINE: value}}})
+        moved = {"metadata": {"annotations": {manifests.DEADLINE: value}}}
+        proxy = handle.info.get("proxy_pod")
+        if proxy:
+            # First the proxy: it reads its copy again at its old deadline.
+            api.patch("Pod", proxy, moved)
+        api.patch("Pod", handle.info["pod"], moved)
         target = ExecTarget(connection, handle.info["namespace"], handle.info["pod"], "sandbox")
         argv = script_command(self.spec.python, "deadline_wait", PODINFO_DEADLINE, value, str(EXTEND_TIMEOUT))
         code, out, _ = run(target, argv, timeout=EXTEND_TIMEOUT + 30, max_output=256)
@@ -363,6 +406,9 @@ class KubernetesBackend(RuntimeBackend):
         unused = handle.info.pop("stream", None)  # a first channel nobody opened
         if unused is not None:
             unused.close()
+        follower = handle.info.pop("egress_follower", None)
+        if follower is not None:
+            follower.stop()
         api, _ = self._cluster()
         objects = handle.info.get("objects") or [("Pod", handle.info.get("pod"))]
         self._remove(api, objects)
@@ -407,6 +453,26 @@ class KubernetesBackend(RuntimeBackend):
             if self._api is not None:
                 self._api.rest.close()
                 self._api = None
+
+
+class _Egress:
+    """The egress proxy pod of one sandbox being created: its address and its event log."""
+
+    def __init__(self, pod: str, proxy_ip: str, log: EgressLog, follower: Any) -> None:
+        self.pod = pod
+        self.proxy_ip = proxy_ip
+        self.log = log
+        self.follower = follower
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        timeout = PROXY_READY_TIMEOUT if timeout is None else timeout
+        if not self.log.ready.wait(timeout) or self.log.listen is None:
+            state = "stopped" if self.log.closed.is_set() else f"did not listen within {timeout:.0f} s"
+            why = f" (reading its log: {self.follower.last_error})" if self.follower.last_error else ""
+            raise BackendError(
+                f"the egress proxy pod {self.pod} {state}{why}; it needs python3 >= 3.8 in its image "
+                f"(KubernetesSpec(proxy_image=...)); see `kubectl logs {self.pod}`; no sandbox was created"
+            )
 
 
 def _owner(pod_name: str, uid: str) -> list[dict[str, Any]]:

@@ -43,8 +43,10 @@ __all__ = [
     "owned_by",
     "pod",
     "pod_name",
+    "point_at_proxy",
     "proxy_network_policy",
     "proxy_pod",
+    "proxy_pod_name",
     "render",
     "resource_quota",
     "role",
@@ -427,15 +429,15 @@ def pod(
         }
     )
     pod_spec.update(_placement(spec, spec.runtime_class_name))
-    if allowlist and proxy_ip is not None:
-        # /etc/hosts, not DNS: the sandbox has no DNS at all (an exfiltration channel).
-        pod_spec["hostAliases"] = [{"ip": proxy_ip, "hostnames": [PROXY_HOST]}]
-    return {
+    out = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _metadata(pod_name(sandbox_id), spec, labels, annotations=_deadline(config, now)),
         "spec": pod_spec,
     }
+    if allowlist and proxy_ip is not None:
+        point_at_proxy(out, proxy_ip)
+    return out
 
 
 def secret(
@@ -507,11 +509,18 @@ def network_policy(
     }
 
 
-def _proxy_name(sandbox_id: str) -> str:
+def proxy_pod_name(sandbox_id: str) -> str:
+    """The egress proxy pod's name (and its NetworkPolicy's)."""
     return f"{pod_name(sandbox_id)}-egress"
 
 
-def proxy_config(config: SandboxConfig, *, now: float) -> Obj:
+def point_at_proxy(sandbox_pod: Obj, proxy_ip: str) -> None:
+    """Give a rendered sandbox Pod its proxy's address, once the proxy pod has one."""
+    # /etc/hosts, not DNS: the sandbox has no DNS at all (an exfiltration channel).
+    sandbox_pod["spec"]["hostAliases"] = [{"ip": proxy_ip, "hostnames": [PROXY_HOST]}]
+
+
+def proxy_config(config: SandboxConfig, spec: KubernetesSpec, *, now: float) -> Obj:
     """The JSON config the egress proxy (``agentnest/egress/proxy.py``) runs with in its pod."""
     policy = config.network
     return {
@@ -523,8 +532,12 @@ def proxy_config(config: SandboxConfig, *, now: float) -> Obj:
         "ports": list(policy.ports),
         # Always sent: the proxy's own default must never decide the matching.
         "subdomains": policy.subdomains,
-        "hosts": {},
+        "hosts": dict(spec.egress_hosts),
         "deadline": math.ceil(now + config.lifetime),
+        # extend() moves the pod's annotation; the kubelet's copy (a link in
+        # a read-only downwardAPI volume) is read again at the old deadline.
+        "deadline_file": PODINFO_DEADLINE,
+        "deadline_follow": True,
     }
 
 
@@ -555,7 +568,10 @@ def proxy_pod(
         "resources": {"requests": dict(values), "limits": dict(values)},
         # Always read-only: the proxy writes nothing (its source is in its argv).
         "securityContext": _container_security(True),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
+        ],
         "stdin": False,
         "tty": False,
     }
@@ -564,14 +580,14 @@ def proxy_pod(
         {
             "securityContext": _pod_security(PROXY_USER, PROXY_USER, spec.seccomp_profile()),
             "containers": [container],
-            "volumes": [_memory_dir("tmp", 1 * MiB)],
+            "volumes": [_memory_dir("tmp", 1 * MiB), _podinfo_volume()],
         }
     )
     pod_spec.update(_placement(spec, spec.proxy_runtime_class_name))
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": _metadata(_proxy_name(sandbox_id), spec, labels, annotations=_deadline(config, now)),
+        "metadata": _metadata(proxy_pod_name(sandbox_id), spec, labels, annotations=_deadline(config, now)),
         "spec": pod_spec,
     }
 
@@ -608,7 +624,7 @@ def proxy_network_policy(
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _metadata(
-            _proxy_name(sandbox_id), spec, labels_for(config, sandbox_id, "egress-proxy", owner, tenant)
+            proxy_pod_name(sandbox_id), spec, labels_for(config, sandbox_id, "egress-proxy", owner, tenant)
         ),
         "spec": {
             "podSelector": _selector(sandbox_id, "egress-proxy"),
@@ -644,7 +660,7 @@ def render(
     before the sandbox, whose ``hostAliases`` need its address; the Secret
     before the Pod that references it.  ``command`` defaults to the listening
     agent (``bootstrap.listen_command``), ``proxy_command`` to the egress
-    proxy from source (``runtime.docker.egress.proxy_command``).
+    proxy from source (``runtime.egresslog.proxy_command``).
     """
     if command is None:
         from ..bootstrap import listen_command
@@ -655,9 +671,9 @@ def render(
     policy = network_policy(config, spec, sandbox_id, **who)
     if config.network.mode is NetworkMode.ALLOWLIST:
         if proxy_command is None:
-            from ..docker.egress import proxy_command as build_proxy_command
+            from ..egresslog import proxy_command as build_proxy_command
 
-            proxy_command = build_proxy_command(spec.python, proxy_config(config, now=now))
+            proxy_command = build_proxy_command(spec.python, proxy_config(config, spec, now=now))
         out.append(proxy_network_policy(config, spec, sandbox_id, **who))
         out.append(proxy_pod(config, spec, sandbox_id, proxy_command, now=now, **who))
     if policy is not None:

@@ -128,14 +128,42 @@ class KubeRest:
         q["watch"] = "true"
         q["timeoutSeconds"] = max(1, int(timeout + 0.999))
         q.setdefault("allowWatchBookmarks", "false")
+        for line in self.lines(
+            path, action=action, namespace=namespace, query=q, timeout=timeout + 5.0, max_line=MAX_WATCH_LINE
+        ):
+            if line.strip():
+                yield _event(line, self.host, action)
+
+    def lines(
+        self,
+        path: str,
+        *,
+        action: str,
+        namespace: str | None = None,
+        query: Mapping[str, object] | None = None,
+        timeout: float,
+        max_line: int,
+        read_timeout: float | None = None,
+        accept: str = "application/json",
+    ) -> Iterator[bytes]:
+        """The lines (without their newline) of a streamed answer, for at most ``timeout`` seconds.
+
+        A watch, or a followed pod log.  ``read_timeout`` (default: all of
+        ``timeout``) bounds a silence; past it the stream ends with a
+        :class:`~agentnest.errors.RuntimeNotAvailableError`.  A line longer
+        than ``max_line`` is refused (:class:`~agentnest.errors.ChannelError`):
+        the answer is untrusted and nothing is buffered without bound.
+        """
         headers = self._connection.request_headers()
-        headers["Accept"] = "application/json"
-        response = self._send("GET", self.url(path, q), headers, None, timeout + 5.0, stream=True)
+        headers["Accept"] = accept
+        response = self._send(
+            "GET", self.url(path, query), headers, None, read_timeout or timeout, stream=True
+        )
         try:
             if not 200 <= response.status < 300:
                 raw = self._read(response, MAX_RESPONSE, action)
                 raise api_error(response.status, raw, action=action, namespace=namespace)
-            deadline = time.monotonic() + timeout + 5.0
+            deadline = time.monotonic() + timeout
             buffer = bytearray()
             while time.monotonic() < deadline:
                 try:
@@ -153,15 +181,13 @@ class KubeRest:
                         break
                     line = bytes(buffer[:end])
                     del buffer[: end + 1]
-                    if line.strip():
-                        yield _event(line, self.host, action)
-                if len(buffer) > MAX_WATCH_LINE:
+                    yield line
+                if len(buffer) > max_line:
                     raise ChannelError(
-                        f"a watch event from {self.host} ({action}) is over "
-                        f"{MAX_WATCH_LINE >> 20} MiB; refused"
+                        f"a line from {self.host} ({action}) is over {max_line >> 10} KiB; refused"
                     )
         finally:
-            # Close before releasing: a watch left early has unread bytes, and
+            # Close before releasing: a stream left early has unread bytes, and
             # its connection must not go back to the pool for the next call.
             response.close()
             response.release_conn()

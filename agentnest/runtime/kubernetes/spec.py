@@ -157,6 +157,11 @@ class KubernetesSpec:
             ``None`` uses the policy's ``egress_proxy_image``, else the sandbox's image.
         proxy_runtime_class_name: the RuntimeClass of the proxy pod
             (``None``: the cluster's default, as the Docker proxy runs on runc).
+        egress_hosts: host name -> IP address, used by the egress proxy pod
+            instead of the cluster DNS for those names (split-horizon and
+            air-gapped setups; tests).  A mapped name must still be on the
+            allowlist, and a private mapped address still needs a ``cidrs``
+            entry (and the proxy's NetworkPolicy lets it through only then).
         network_probes: where the in-pod network check looks before a sandbox
             is handed out (:mod:`.netcheck`), by name: ``apiserver``
             (default ``@service:443``, the address the kubelet gives pods),
@@ -194,6 +199,7 @@ class KubernetesSpec:
     python: str = "python3"
     proxy_image: str | None = None
     proxy_runtime_class_name: str | None = None
+    egress_hosts: Mapping[str, str] = field(default_factory=dict, hash=False)
     network_probes: Mapping[str, str] = field(default_factory=dict, hash=False)
     network_probe_timeout: float = 1.0
     max_lifetime: float | None = None
@@ -269,6 +275,16 @@ class KubernetesSpec:
             raise ConfigurationError(
                 f"max_lifetime={longest!r:.40} must be None or 1 to 604800 seconds (how far extend() may go)"
             )
+        hosts: object = self.egress_hosts
+        if not isinstance(hosts, Mapping):
+            raise ConfigurationError(f"egress_hosts must map host names to addresses, not {hosts!r:.60}")
+        from ...egress.proxy import Rules
+
+        try:
+            Rules(hosts=dict(hosts))  # the proxy's own parser: what it would refuse, refused now
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"egress_hosts: {exc}; use {{'name.example': '10.0.0.5'}}") from None
+        object.__setattr__(self, "egress_hosts", MappingProxyType(dict(hosts)))
         if self.proxy_image is not None and (
             not isinstance(self.proxy_image, str)
             or not self.proxy_image.strip()
