@@ -442,7 +442,12 @@ class DockerNode(Node):
         return [*argv, cid]
 
     def stop(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
-        self._remove(pod["metadata"]["uid"])
+        # Off the apiserver's loop, as a kubelet works: removing a gVisor
+        # container takes seconds, and an exec upgrade waiting on the loop
+        # meanwhile would go unanswered.
+        threading.Thread(
+            target=self._remove, args=(pod["metadata"]["uid"],), daemon=True, name="kubedouble-stop"
+        ).start()
 
     # -- link networks ------------------------------------------------------------------
 
@@ -499,14 +504,19 @@ class DockerNode(Node):
         with self._lock:
             links = self._links.pop(uid, [])
         for link in links:
-            try:
-                self.client.networks.get(link).remove()
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as exc:
-                if "active endpoints" not in str(exc.explanation):
-                    raise
-                # Another pod of the link still runs; it removes the network.
+            for _ in range(20):
+                try:
+                    self.client.networks.get(link).remove()
+                except docker.errors.NotFound:
+                    break
+                except docker.errors.APIError as exc:
+                    if "active endpoints" not in str(exc.explanation):
+                        raise
+                    # Another pod of the link still runs (it removes the
+                    # network), or the engine still releases an endpoint.
+                    time.sleep(0.05)
+                    continue
+                break
 
     # -- downwardAPI volumes ------------------------------------------------------------
 
@@ -517,17 +527,31 @@ class DockerNode(Node):
 
     @staticmethod
     def _write_podinfo(directory: Path, source: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
+        """As the kubelet's atomic writer: files in a new timestamped directory, ``..data``
+        swapped to it by a rename, and each visible name a link through ``..data``."""
         meta = pod.get("metadata") or {}
         mode = int(source.get("defaultMode", 0o644))
+        fresh = Path(tempfile.mkdtemp(prefix="..", dir=directory))
+        fresh.chmod(0o755)
+        names = []
         for item in source.get("items") or []:
             field_path = str((item.get("fieldRef") or {}).get("fieldPath", ""))
-            value = _field_value(meta, field_path)
-            # As the kubelet: the new content appears at once, never half written.
-            target = directory / str(item["path"])
-            scratch = directory / f".{item['path']}.tmp"
-            scratch.write_text(value)
-            scratch.chmod(int(item.get("mode", mode)))
-            scratch.replace(target)
+            target = fresh / str(item["path"])
+            target.write_text(_field_value(meta, field_path))
+            target.chmod(int(item.get("mode", mode)))
+            names.append(str(item["path"]))
+        old = directory / "..data"
+        previous = old.resolve() if old.is_symlink() else None
+        scratch = directory / "..data_tmp"
+        scratch.unlink(missing_ok=True)
+        scratch.symlink_to(fresh.name)
+        scratch.replace(old)  # the one atomic step: readers see the old set or the new
+        for name in names:
+            link = directory / name
+            if not link.is_symlink():
+                link.symlink_to(f"..data/{name}")
+        if previous is not None and previous != fresh:
+            shutil.rmtree(previous, ignore_errors=True)
 
     def updated(self, cluster: ClusterState, pod: dict[str, Any]) -> None:
         spec = pod.get("spec") or {}
@@ -554,20 +578,23 @@ class DockerNode(Node):
         self._drop_links(uid)
 
     def close(self) -> None:
-        for c in self.client.containers.list(all=True, filters={"label": LABEL}):
-            try:
-                c.remove(force=True)
-            except Exception:  # noqa: S112 - best effort: the test's own cleanup
-                continue
-        for n in self.client.networks.list(filters={"label": LABEL}):
-            try:
-                n.remove()
-            except Exception:  # noqa: S112 - best effort: the test's own cleanup
-                continue
-        with self._lock:
-            self._containers.clear()
-            self._links.clear()
-        self._podinfo_tmp.cleanup()
+        try:
+            # ignore_removed: a pod's container may go meanwhile (stop() works in the background).
+            for c in self.client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
+                try:
+                    c.remove(force=True)
+                except Exception:  # noqa: S112 - best effort: the test's own cleanup
+                    continue
+            for n in self.client.networks.list(filters={"label": LABEL}):
+                try:
+                    n.remove()
+                except Exception:  # noqa: S112 - best effort: the test's own cleanup
+                    continue
+        finally:
+            with self._lock:
+                self._containers.clear()
+                self._links.clear()
+            self._podinfo_tmp.cleanup()
 
 
 def _field_value(meta: Mapping[str, Any], field_path: str) -> str:

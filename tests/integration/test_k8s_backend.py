@@ -167,6 +167,11 @@ def test_a_pod_deleted_under_a_sandbox_is_a_destroyed_sandbox(
         name = sb.handle.info["pod"]
         double.state.remove("pods", NS, name)
         wait_until(lambda: not backend.is_running(sb.handle), "the pod to be gone", within=30)
+        # The node kills the container in the background, as a kubelet does.
+        docker = double.state.node.client
+        label = {"label": f"agentnest.kubedouble.pod={NS}/{name}"}
+        gone = lambda: docker.containers.list(all=True, filters=label, ignore_removed=True) == []  # noqa: E731
+        wait_until(gone, "its container to go", 30)
         started = time.monotonic()
         with pytest.raises(SandboxDestroyedError):
             sb.exec_shell("echo hi", timeout=30)
@@ -231,7 +236,7 @@ def test_a_pod_that_reaches_the_apiserver_is_deleted_never_handed_out(
         wait_until(
             lambda: (
                 not leaky.state.node.client.containers.list(  # type: ignore[attr-defined]
-                    all=True, filters={"label": "agentnest.kubedouble"}
+                    all=True, filters={"label": "agentnest.kubedouble"}, ignore_removed=True
                 )
             ),
             "the pod's container to be removed",
