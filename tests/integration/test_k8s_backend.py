@@ -48,7 +48,8 @@ def free_loopback_port() -> int:
 
 class Double:
     def __init__(self, *, enforce_network_policies: bool = True) -> None:
-        self.state = ClusterState(node=DockerNode(enforce_network_policies=enforce_network_policies))
+        self.node = DockerNode(enforce_network_policies=enforce_network_policies)
+        self.state = ClusterState(node=self.node)
         self.state.add_namespace(NS, {"pod-security.kubernetes.io/enforce": "restricted"})
         self.state.add_runtime_class("gvisor", "runsc")
         self.api = FakeKubeAPI(cluster=self.state).start()
@@ -168,7 +169,7 @@ def test_a_pod_deleted_under_a_sandbox_is_a_destroyed_sandbox(
         double.state.remove("pods", NS, name)
         wait_until(lambda: not backend.is_running(sb.handle), "the pod to be gone", within=30)
         # The node kills the container in the background, as a kubelet does.
-        docker = double.state.node.client
+        docker = double.node.client
         label = {"label": f"agentnest.kubedouble.pod={NS}/{name}"}
         gone = lambda: docker.containers.list(all=True, filters=label, ignore_removed=True) == []  # noqa: E731
         wait_until(gone, "its container to go", 30)
@@ -235,7 +236,7 @@ def test_a_pod_that_reaches_the_apiserver_is_deleted_never_handed_out(
             assert leaky.state.list(plural, NS) == [], plural
         wait_until(
             lambda: (
-                not leaky.state.node.client.containers.list(  # type: ignore[attr-defined]
+                not leaky.node.client.containers.list(
                     all=True, filters={"label": "agentnest.kubedouble"}, ignore_removed=True
                 )
             ),

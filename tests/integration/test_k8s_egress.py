@@ -61,7 +61,8 @@ RUNTIMES = [
 
 class Cluster:
     def __init__(self, server: dict[str, Any]) -> None:
-        self.state = ClusterState(node=DockerNode())
+        self.node = DockerNode()
+        self.state = ClusterState(node=self.node)
         self.state.add_namespace(NS, {"pod-security.kubernetes.io/enforce": "restricted"})
         self.state.add_runtime_class("gvisor", "runsc")
         self.api = FakeKubeAPI(cluster=self.state).start()
@@ -237,7 +238,7 @@ def test_the_proxy_pod_goes_with_its_sandbox_and_the_log_stays(
         )
         assert out.check().stdout == "200\n"
         wait_events(sb, 1)
-        docker = cluster.state.node.client
+        docker = cluster.node.client
         (container,) = docker.containers.list(filters={"label": f"{LABEL}.pod={NS}/agentnest-{sb.id}"})
         links = list(container.attrs["NetworkSettings"]["Networks"])
         assert len(links) == 1 and links[0].startswith("kubedouble-link-")  # its only way anywhere
