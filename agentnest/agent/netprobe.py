@@ -7,7 +7,7 @@ object (``agentnest.runtime.kubernetes.netcheck`` judges what this prints).
 Shipped as source on the command line (``python3 -I -S -c SOURCE TARGETS``):
 no import of AgentNest, standard library only, Python >= 3.8.  ``TARGETS`` is
 a JSON list of ``[name, kind, host, port]`` with ``kind`` ``tcp`` (a connect)
-or ``dns`` (a UDP query, then a TCP connect, to the same server).  Two hosts
+or ``dns`` (a UDP query and a TCP connect, at once, to the same server).  Two hosts
 are resolved here, in the pod: ``@resolv`` (each ``nameserver`` of the pod's
 ``/etc/resolv.conf``: the cluster DNS) and ``@service`` (the apiserver's
 address the kubelet puts in ``KUBERNETES_SERVICE_HOST``/``_PORT``).
@@ -19,8 +19,8 @@ Prints one JSON list (one line) of ``[name, host, port, kind, outcome]``: ``conn
 ``ENETUNREACH``, or ``absent`` (an ``@`` host with nothing to resolve to).
 All targets are tried at once, with non-blocking sockets and ``poll`` (no
 threads: under gVisor with the runtime's default seccomp profile a thread
-cannot start, and ``select`` fails); each phase waits at most the timeout
-(argv[2]).
+cannot start, and ``select`` fails); each waits at most the timeout
+(argv[2]), so a policy that drops packets costs the timeout once.
 """
 
 from __future__ import annotations
@@ -48,22 +48,19 @@ def family_of(host: str) -> socket.AddressFamily:
 
 
 class Probe:
-    """One target: a TCP connect, or (``dns``) a UDP query then a TCP connect."""
+    """One socket: a TCP connect, or a UDP DNS query (``kind`` ``tcp`` or ``udp``)."""
 
-    def __init__(self, name: str, kind: str, host: str, port: int) -> None:
-        self.name, self.kind, self.host, self.port = name, kind, host, port
+    def __init__(self, kind: str, host: str, port: int) -> None:
+        self.kind, self.host, self.port = kind, host, port
         self.outcome: str | None = "absent" if host.startswith("@") else None
-        self.udp_outcome: str | None = None
         self.sock: socket.socket | None = None
-        self.phase = ""
         self.deadline = 0.0
 
     def start(self, timeout: float) -> None:
         if self.outcome is not None:
             return
         self.deadline = time.monotonic() + timeout
-        if self.kind == "dns" and self.udp_outcome is None:
-            self.phase = "udp"
+        if self.kind == "udp":
             sock = socket.socket(family_of(self.host), socket.SOCK_DGRAM)
             sock.setblocking(False)
             try:
@@ -71,59 +68,52 @@ class Probe:
                 sock.send(os.urandom(2) + QUERY_TAIL)
             except OSError as exc:
                 sock.close()
-                self.udp_done(errno_name(exc.errno or 0), timeout)
+                self.outcome = errno_name(exc.errno or 0)
                 return
         else:
-            self.phase = "tcp"
             sock = socket.socket(family_of(self.host), socket.SOCK_STREAM)
             sock.setblocking(False)
             code = sock.connect_ex((self.host, self.port))
             if code not in (0, errno.EINPROGRESS, errno.EAGAIN):
                 sock.close()
-                self.finish(errno_name(code))
+                self.outcome = errno_name(code)
                 return
         self.sock = sock
 
-    def udp_done(self, outcome: str, timeout: float) -> None:
-        # DNS over TCP too: a policy that drops UDP only is not isolation.
-        self.udp_outcome = outcome
-        if outcome == "answered":
-            self.outcome = outcome
-        else:
-            self.start(timeout)
-
-    def finish(self, outcome: str) -> None:
-        if self.kind == "dns" and outcome != "connected":
-            outcome = self.udp_outcome or outcome
-        self.outcome = outcome
-
-    def ready(self, timeout: float) -> None:
-        """The socket polled ready: read the verdict of this phase."""
+    def ready(self) -> None:
+        """The socket polled ready: read its verdict."""
         sock = self.sock
         assert sock is not None
         self.sock = None
-        if self.phase == "udp":
+        if self.kind == "udp":
             try:
                 sock.recv(512)
-                verdict = "answered"
+                self.outcome = "answered"
             except OSError as exc:
-                verdict = errno_name(exc.errno or 0)
-            sock.close()
-            self.udp_done(verdict, timeout)
-            return
-        code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                self.outcome = errno_name(exc.errno or 0)
+        else:
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            self.outcome = "connected" if code == 0 else errno_name(code)
         sock.close()
-        self.finish("connected" if code == 0 else errno_name(code))
 
-    def expire(self, timeout: float) -> None:
+    def expire(self) -> None:
         sock = self.sock
         assert sock is not None
         self.sock = None
         sock.close()
-        if self.phase == "udp":
-            self.udp_done("timeout", timeout)
-        else:
-            self.finish("timeout")
+        self.outcome = "timeout"
+
+
+def verdict(kind: str, probes: list[Probe]) -> str:
+    """One target's outcome: ``tcp`` is its connect's; ``dns`` is its UDP query's
+    unless that got no answer and the TCP connect (sent at the same time: a
+    policy that drops UDP only is not isolation) got through."""
+    if kind != "dns":
+        return probes[0].outcome or "timeout"
+    udp, tcp = probes
+    if udp.outcome == "answered" or tcp.outcome != "connected":
+        return udp.outcome or "timeout"
+    return "connected"
 
 
 def expand(name: str, kind: str, host: str, port: int) -> list[tuple[str, str, str, int]]:
@@ -151,10 +141,12 @@ def expand(name: str, kind: str, host: str, port: int) -> list[tuple[str, str, s
 def main() -> None:
     targets = json.loads(sys.argv[1])
     timeout = float(sys.argv[2])
-    probes = []
+    jobs: list[tuple[str, str, str, int, list[Probe]]] = []
     for item in targets[:32]:
-        for job in expand(str(item[0]), str(item[1]), str(item[2]), int(item[3])):
-            probes.append(Probe(*job))
+        for name, kind, host, port in expand(str(item[0]), str(item[1]), str(item[2]), int(item[3])):
+            kinds = ("udp", "tcp") if kind == "dns" else ("tcp",)
+            jobs.append((name, kind, host, port, [Probe(k, host, port) for k in kinds]))
+    probes = [p for job in jobs for p in job[4]]
     for probe in probes:
         probe.start(timeout)
     poller = select.poll()
@@ -163,7 +155,7 @@ def main() -> None:
         if not waiting:
             break
         for fd, p in waiting.items():
-            poller.register(fd, select.POLLIN if p.phase == "udp" else select.POLLOUT)
+            poller.register(fd, select.POLLIN if p.kind == "udp" else select.POLLOUT)
         now = time.monotonic()
         left = max(0.0, min(p.deadline for p in waiting.values()) - now)
         events = poller.poll(left * 1000)
@@ -171,12 +163,12 @@ def main() -> None:
             poller.unregister(fd)
         ready = {fd for fd, _ in events}
         for fd in ready:
-            waiting[fd].ready(timeout)
+            waiting[fd].ready()
         now = time.monotonic()
         for fd, p in waiting.items():
             if fd not in ready and p.deadline <= now:
-                p.expire(timeout)
-    print(json.dumps([[p.name, p.host, p.port, p.kind, p.outcome] for p in probes]), flush=True)
+                p.expire()
+    print(json.dumps([[n, h, port, k, verdict(k, ps)] for n, k, h, port, ps in jobs]), flush=True)
     # ``--then ARGV...``: become that program on the same stdio (the backend's
     # first exec checks the network, then is the bridge to the agent: one exec).
     if len(sys.argv) > 4 and sys.argv[3] == "--then":
