@@ -17,6 +17,9 @@ the same run.
   docker-py's ``exec_run`` in the pod's container.
 - K3: cold ``Sandbox()`` through the double, split by phase; floor: the Docker
   backend's ``Sandbox()``.
+- K4: cold ``Sandbox()`` with an egress allowlist through the double (proxy pod, its
+  log followed, sandbox pod, in-pod check); floor: the Docker backend's allowlisted
+  ``Sandbox()`` (proxy container and internal network).
 """
 
 from __future__ import annotations
@@ -266,6 +269,40 @@ def _raw_stdout(backend: str, plan: Plan, k8s: Any, double: Double, sandbox: San
     return Result(backend, "K2r", "k8s 50 MiB stdout, bare exec (double)", ours, base, None, True, notes)
 
 
+def _allowlist_start(backend: str, plan: Plan, k8s: Any, image: str) -> Result:
+    """K4: cold ``Sandbox()`` with an allowlist, through the double vs on Docker, interleaved."""
+    from agentnest import NetworkPolicy
+
+    policy = SecurityPolicy(network=NetworkPolicy.allowlist(domains=["bench.allowed.test"]))
+    ours = Series("Sandbox(allowlist) via k8s double", "ms")
+    base = Series("Docker backend Sandbox(allowlist)", "ms")
+    with Reaper() as reaper:
+
+        def one(kind: str) -> float:
+            t0 = time.perf_counter()
+            if kind == "k8s":
+                sandbox = Sandbox(image, backend=k8s, timeout=600, security_policy=policy)
+                reaper.add(sandbox.destroy)
+            else:
+                sandbox = reaper.sandbox(backend, image=image, security_policy=policy)
+            total = time.perf_counter() - t0
+            sandbox.destroy()
+            return total
+
+        one("k8s")  # warm-up
+        for _ in range(plan.cold):
+            ours.samples.append(one("k8s"))
+            base.samples.append(one("docker"))
+    notes = [
+        "k8s: proxy pod created and watched to Running (its address goes into the sandbox's "
+        "hostAliases), its log followed until it listens, then the sandbox pod and the in-pod "
+        "network check; the double drops packets on the link network, so the check waits its "
+        "1 s probe timeout (as on a cluster whose network plugin drops)",
+        "Docker: internal network and proxy container started beside the sandbox container",
+    ]
+    return Result(backend, "K4", "k8s cold start, allowlist (double)", ours, base, notes=notes)
+
+
 def bench_kube(backend: str, plan: Plan) -> list[Result]:
     """K1 (warm exec), K1s (same, double in another process), K2 (50 MiB stdout), K3 (cold start)."""
     check_extras()
@@ -389,6 +426,7 @@ def bench_kube(backend: str, plan: Plan) -> list[Result]:
             "thread); the agent handshake is the first answer through the bridge, after the channel opens",
         ]
         results.append(Result(backend, "K3", "k8s cold start (double)", ours, base, notes=notes))
+        results.append(_allowlist_start(backend, plan, k8s, image))
     finally:
         k8s.close()
         double.close()

@@ -15,7 +15,9 @@ cluster's default), ``AGENTNEST_K8S_CONTEXT``, and
 ``AGENTNEST_K8S_PROBE_ADDRESSES`` (``host:port`` list, comma separated, that
 a sandbox must not reach besides the apiserver: e.g. your cloud's metadata
 address and an internet address; probing them is your decision, so none is
-probed unless you name it).
+probed unless you name it), ``AGENTNEST_K8S_ALLOWED_URL`` (an ``https://`` URL
+the egress proxy pod may fetch for the allowlist test, e.g. your package
+index; that test is skipped without it).
 """
 
 from __future__ import annotations
@@ -134,5 +136,51 @@ def test_the_backend_proved_the_pod_s_network_denied_before_handing_it_out() -> 
         with Sandbox(_image(), backend=backend, timeout=300) as sb:
             seen = sb.handle.info["network_check"]
             assert {line.split()[0] for line in seen} >= {"apiserver", "metadata", "dns", "internet", *extra}
+    finally:
+        backend.close()
+
+
+def test_the_egress_allowlist_lets_one_name_through_its_proxy_pod_and_nothing_else() -> None:
+    """A proxy pod per sandbox on the real network plugin: the allowed name works, every
+    other name is refused by the proxy, and both are ``egress.*`` events read from its log."""
+    from urllib.parse import urlsplit
+
+    from agentnest import NetworkPolicy, SecurityPolicy
+
+    url = os.environ.get("AGENTNEST_K8S_ALLOWED_URL", "")
+    if not url.startswith("https://"):
+        pytest.skip("set AGENTNEST_K8S_ALLOWED_URL to an https:// URL the proxy may fetch")
+    host = urlsplit(url).hostname or ""
+    policy = SecurityPolicy(network=NetworkPolicy.allowlist([host], ports=[443]))
+    backend = _backend()
+    fetch = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n"
+        "    print(urllib.request.urlopen(sys.argv[1], timeout=20).status)\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code)\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__)\n"
+    )
+    try:
+        with Sandbox(_image(), backend=backend, security_policy=policy, timeout=300) as sb:
+            sb.write_file("fetch.py", fetch)
+            assert sb.exec(["python3", "fetch.py", url], timeout=60).check().stdout.strip() == "200"
+            refused = sb.exec(["python3", "fetch.py", "https://refused.invalid/"], timeout=60)
+            assert refused.check().stdout.strip() == "403"
+            direct = sb.exec_python(
+                "import socket\n"
+                "try:\n"
+                f"    socket.create_connection(({host!r}, 443), timeout=5); print('connected')\n"
+                "except OSError as e:\n"
+                "    print('blocked', type(e).__name__)\n",
+                timeout=60,
+            )
+            assert direct.check().stdout.startswith("blocked")  # no DNS, no route but the proxy
+            from agentnest.testing.wait import wait_until
+
+            wait_until(lambda: len(sb.network_log()) >= 2, "two egress events from the proxy's log", 30)
+            kinds = {(e["type"], e["host"]) for e in sb.network_log()}
+            assert ("egress.allowed", host) in kinds and ("egress.denied", "refused.invalid") in kinds
     finally:
         backend.close()
