@@ -13,12 +13,25 @@ Fixtures: the module-scoped ``backend_name`` (runc and runsc, with the
 and module, for attempts that leave no trace) come from the integration
 suite's conftest, so both suites parametrise the same way; ``docker_client``
 from tests/conftest.py.
+
+On the Kubernetes backend (opt-in): ``AGENTNEST_ESCAPES_ON=kubernetes-double``
+runs every attempt through the cluster double (pods as containers of the
+local engine: runc, and runsc for ``runtimeClassName: gvisor``);
+``AGENTNEST_ESCAPES_ON=kubernetes`` with ``AGENTNEST_K8S_TESTS=1`` runs them on
+a real cluster (``AGENTNEST_K8S_NAMESPACE``, ``AGENTNEST_K8S_CONTEXT``,
+``AGENTNEST_IMAGE``: an image the nodes can pull; "runc" is then the
+cluster's default runtime, "runsc" the ``gvisor`` RuntimeClass).  The names
+``docker`` and ``gvisor`` then stand for those backends; the attempts that
+inspect Docker containers from the host (``docker_client``) are skipped.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from integration.conftest import backend_name, shared_sandbox
@@ -28,6 +41,10 @@ __all__ = ["backend_name", "shared_sandbox"]
 CATEGORIES = ("privileges", "kernel", "files", "network", "resources", "secrets", "host_api")
 RUNTIMES = {"docker": "runc", "gvisor": "runsc"}
 HERE = Path(__file__).parent
+#: ``kubernetes-double`` or ``kubernetes`` (a real cluster): where the attempts run instead of Docker.
+ON = os.environ.get("AGENTNEST_ESCAPES_ON", "")
+if ON not in ("", "kubernetes-double", "kubernetes"):
+    raise pytest.UsageError(f"AGENTNEST_ESCAPES_ON={ON!r}: use kubernetes-double or kubernetes")
 
 #: nodeid -> (runtime, category) of every collected attempt.
 _ATTEMPTS: dict[str, tuple[str, str]] = {}
@@ -56,6 +73,53 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if backend not in RUNTIMES:
             raise pytest.UsageError(f"{item.nodeid}: an escape attempt must run per runtime (backend_name)")
         _ATTEMPTS[item.nodeid] = (RUNTIMES[backend], marker.args[0])
+        if ON and "docker_client" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.skip(reason=f"inspects Docker containers from the host: not on {ON}"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kubernetes_backends() -> Iterator[None]:
+    """With ``AGENTNEST_ESCAPES_ON``, the backend names the attempts use stand for Kubernetes ones."""
+    if not ON:
+        yield
+        return
+    from agentnest.runtime import registry
+    from agentnest.runtime.kubernetes import KubernetesBackend, KubernetesSpec
+
+    closers: list[Any] = []
+    if ON == "kubernetes-double":
+        from agentnest.testing.kubeapi import FakeKubeAPI
+        from agentnest.testing.kubecluster import ClusterState
+        from agentnest.testing.kubenode import DockerNode
+
+        node = DockerNode()
+        state = ClusterState(node=node)
+        state.add_namespace("agentnest", {"pod-security.kubernetes.io/enforce": "restricted"})
+        state.add_runtime_class("gvisor", "runsc")
+        api = FakeKubeAPI(cluster=state).start()
+        closers += [node.close, api.stop]
+        base = KubernetesSpec(namespace="agentnest", kubeconfig=str(api.write_kubeconfig()))
+    else:
+        if os.environ.get("AGENTNEST_K8S_TESTS") != "1":
+            pytest.exit("AGENTNEST_ESCAPES_ON=kubernetes needs AGENTNEST_K8S_TESTS=1 and a cluster", 4)
+        base = KubernetesSpec(
+            namespace=os.environ.get("AGENTNEST_K8S_NAMESPACE", "agentnest"),
+            context=os.environ.get("AGENTNEST_K8S_CONTEXT") or None,
+        )
+    import dataclasses
+
+    saved = dict(registry._shared)
+    for name, runtime_class in (("docker", None), ("gvisor", "gvisor")):
+        backend = KubernetesBackend(dataclasses.replace(base, runtime_class_name=runtime_class))
+        registry._shared[name] = backend
+        closers.insert(0, backend.close)
+    try:
+        yield
+    finally:
+        registry._shared.clear()
+        registry._shared.update(saved)
+        for close in closers:
+            close()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
