@@ -30,12 +30,11 @@ from agentnest import NetworkPolicy, Sandbox, SecurityPolicy
 from agentnest.runtime.docker import base_image
 from agentnest.runtime.kubernetes import KubernetesSpec, manifests
 from agentnest.runtime.kubernetes.backend import KubernetesBackend
-from agentnest.testing.kubeapi import FakeKubeAPI
-from agentnest.testing.kubecluster import ClusterState
-from agentnest.testing.kubenode import LABEL, DockerNode
+from agentnest.testing.kubenode import LABEL
 from agentnest.testing.wait import wait_until
 
 from .test_egress import BYPASS, FETCH, HostService, certs, host_addresses, server, stats  # noqa: F401
+from .test_k8s_backend import Double
 
 NS = "agentnest"
 #: test_egress's bypass script on poll(): under runsc with the runtime's
@@ -59,14 +58,11 @@ RUNTIMES = [
 ]
 
 
-class Cluster:
+class Cluster(Double):
+    """The integration suite's double, with the test names mapped for the egress proxy."""
+
     def __init__(self, server: dict[str, Any]) -> None:
-        self.node = DockerNode()
-        self.state = ClusterState(node=self.node)
-        self.state.add_namespace(NS, {"pod-security.kubernetes.io/enforce": "restricted"})
-        self.state.add_runtime_class("gvisor", "runsc")
-        self.api = FakeKubeAPI(cluster=self.state).start()
-        self.kubeconfig = str(self.api.write_kubeconfig())
+        super().__init__()
         self.hosts = {name: server["ip"] for name in NAMES}
         self.hosts["private.allowed.test"] = server["gateway"]
 
@@ -89,12 +85,6 @@ class Cluster:
                 if obj["metadata"].get("labels", {}).get(manifests.SANDBOX_ID) == sandbox_id:
                     found.append((plural, obj["metadata"]["name"]))
         return found
-
-    def close(self) -> None:
-        try:
-            self.api.stop()
-        finally:
-            self.state.node.close()
 
 
 @pytest.fixture(scope="module")
