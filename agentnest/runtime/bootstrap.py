@@ -48,6 +48,8 @@ DEADLINE_FILE = "/tmp/.agentnest-deadline"
 #: ``agentnest.io/deadline`` annotation (a downwardAPI volume: read-only,
 #: root-owned); a listening keeper reads it instead of :data:`DEADLINE_FILE`.
 PODINFO_DEADLINE = "/etc/agentnest/podinfo/deadline"
+#: Open files per process in a sandbox (RLIMIT_NOFILE, hard and soft).
+NOFILE = 4096
 
 BOOTSTRAP = (
     r"""
@@ -83,6 +85,18 @@ if sys.argv[1] in ("keeper", "listen"):
     if LISTEN:
         import base64
         BLOB = base64.b64decode(sys.argv[4])
+        # A pod has no ulimit field: the keeper lowers its own limits (hard
+        # and soft) before anything else runs, so every process of the
+        # sandbox inherits them and none can raise them back (no
+        # CAP_SYS_RESOURCE).  The Docker backend sets the same as ulimits.
+        import resource
+        for res, value in ((resource.RLIMIT_NOFILE, %(nofile)s), (resource.RLIMIT_CORE, 0)):
+            try:
+                soft, hard = resource.getrlimit(res)
+                value = value if hard < 0 else min(value, hard)
+                resource.setrlimit(res, (value, value))
+            except (OSError, ValueError):
+                pass
     # PID 1 runs as the sandbox's UID: made non-dumpable, code of that UID
     # cannot open /proc/1/mem (or ptrace it) to rewrite the deadline away.
     try:
@@ -189,6 +203,7 @@ else:
 """.replace("%(pkg)s", PACKAGE)
     .replace("%(deadline)s", DEADLINE_FILE)
     .replace("%(podinfo)s", PODINFO_DEADLINE)
+    .replace("%(nofile)s", str(NOFILE))
 )
 
 

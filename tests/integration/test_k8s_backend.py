@@ -11,6 +11,8 @@ scheduling) is in the opt-in suite (docs/kubernetes.md).
 
 from __future__ import annotations
 
+import errno
+import json
 import math
 import socket
 import time
@@ -25,7 +27,7 @@ from agentnest import Sandbox, SecurityPolicy
 from agentnest.errors import ConfigurationError, SandboxDestroyedError, VerificationError
 from agentnest.events import EventType, MemoryObserver
 from agentnest.runtime.base import RuntimeBackend
-from agentnest.runtime.bootstrap import PODINFO_DEADLINE
+from agentnest.runtime.bootstrap import NOFILE, PODINFO_DEADLINE
 from agentnest.runtime.docker import base_image
 from agentnest.runtime.kubernetes import KubernetesSpec, manifests
 from agentnest.runtime.kubernetes.backend import KubernetesBackend
@@ -132,6 +134,30 @@ def test_the_pod_runs_under_its_security_context(backend: KubernetesBackend, dou
         assert lines[-1] == "ws"
         (pod,) = double.state.list("pods", NS)
         assert pod["metadata"]["labels"]["agentnest.io/sandbox-id"] == sb.id
+
+
+def test_open_files_are_bounded_as_on_docker_and_cannot_be_raised(backend: KubernetesBackend) -> None:
+    """A pod has no ulimit field: the keeper lowers RLIMIT_NOFILE for everything in the sandbox."""
+    code = r"""
+import json, os, resource
+before = resource.getrlimit(resource.RLIMIT_NOFILE)
+try:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1 << 20, 1 << 20)); raised = True
+except (OSError, ValueError):
+    raised = False
+fds, error = [], None
+try:
+    while len(fds) < 100000:
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+except OSError as exc:
+    error = exc.errno
+print(json.dumps([list(before), raised, len(fds), error, resource.getrlimit(resource.RLIMIT_CORE)[1]]))
+"""
+    with Sandbox(base_image(), backend=backend, timeout=120) as sb:
+        limits, raised, opened, error, core = json.loads(sb.exec_python(code).check().stdout)
+    assert limits == [NOFILE, NOFILE] and not raised
+    assert opened < NOFILE and error == errno.EMFILE
+    assert core == 0
 
 
 def test_a_secret_reaches_the_process_by_reference_only(backend: KubernetesBackend, double: Double) -> None:

@@ -733,7 +733,7 @@ class DockerBackend(RuntimeBackend):
         limits = config.limits
         out = [
             docker.types.Ulimit(name="core", soft=0, hard=0),
-            docker.types.Ulimit(name="nofile", soft=4096, hard=4096),
+            docker.types.Ulimit(name="nofile", soft=bootstrap.NOFILE, hard=bootstrap.NOFILE),
         ]
         if self._is_gvisor():
             # gVisor keeps all of a sandbox's memory and processes in one host
