@@ -125,6 +125,33 @@ def test_stop_ends_the_follower_without_waiting_for_the_pod() -> None:
     assert log.closed.is_set()
 
 
+class UnreachableApi:
+    """Every follow ends at once and the pod cannot be looked up: the follower waits to retry."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+
+    def log_lines(self, pod: str, container: str, **_: Any) -> Iterator[bytes]:
+        return iter(())
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        self.asked.set()
+        raise RuntimeNotAvailableError("apiserver unreachable")
+
+
+def test_stop_cuts_short_the_wait_before_a_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentnest.runtime.kubernetes import egress as module
+
+    monkeypatch.setattr(module, "RETRY_DELAY", 3600.0)  # a plain sleep would outlast the join below
+    api = UnreachableApi()
+    log = EgressLog("sb3")
+    follower = ProxyLogFollower(api, "p", log)
+    follower.start()
+    assert api.asked.wait(10), "the follower never looked up its pod"
+    follower.stop(wait=10)
+    assert log.closed.is_set()  # the thread has ended (set on its way out)
+
+
 # -- the double's network plugin --------------------------------------------------------
 
 

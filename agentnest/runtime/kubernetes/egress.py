@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-import time
 from typing import Any
 
 from ...errors import AgentNestError
@@ -123,5 +122,5 @@ class ProxyLogFollower:
         with contextlib.suppress(AgentNestError):
             pod = self.api.get("Pod", self.pod)
             return pod is None or not pod_running(pod)
-        time.sleep(RETRY_DELAY)
+        self._stop.wait(RETRY_DELAY)  # stop() ends the wait at once
         return False
