@@ -20,6 +20,7 @@ without the ``server`` extra.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import fnmatch
 import hashlib
@@ -39,6 +40,7 @@ from typing import Any
 from ..config import format_size, parse_size
 from ..errors import ConfigurationError
 from ..policy import NetworkMode
+from .tenants import DEFAULT_TENANT, Tenant, check_tenant_name
 
 #: The prefix of every secret, so that leaked tokens are easy to find (secret scanners).
 PREFIX = "ant_"
@@ -169,6 +171,10 @@ class Token:
     created: float
     expires: float | None
     ceiling: Ceiling
+    tenant: str = DEFAULT_TENANT
+    """The tenant it belongs to: its sandboxes count against that tenant's caps."""
+    admin: bool = False
+    """Whether it may manage tenants over the HTTP API (``/v1/tenants``)."""
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires is not None and (now if now is not None else time.time()) >= self.expires
@@ -181,6 +187,8 @@ class Token:
             "created": self.created,
             "expires": self.expires,
             "ceiling": self.ceiling.to_dict(),
+            "tenant": self.tenant,
+            "admin": self.admin,
         }
 
     @classmethod
@@ -193,6 +201,8 @@ class Token:
                 created=float(data["created"]),
                 expires=None if data.get("expires") is None else float(data["expires"]),
                 ceiling=Ceiling.from_dict(data.get("ceiling", {})),
+                tenant=check_tenant_name(data.get("tenant", DEFAULT_TENANT)),
+                admin=data.get("admin", False) is True,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigurationError(f"invalid token record: {exc}") from None
@@ -223,6 +233,7 @@ class TokenStore:
         self.path = Path(path).expanduser()
         self._lock = threading.Lock()
         self._tokens: dict[str, Token] = {}
+        self._tenants: dict[str, Tenant] = {}
         self._stamp: tuple[int, int, int] | None = None
 
     # -- file ------------------------------------------------------------------
@@ -232,7 +243,7 @@ class TokenStore:
         try:
             st = self.path.stat()
         except FileNotFoundError:
-            self._tokens, self._stamp = {}, None
+            self._tokens, self._tenants, self._stamp = {}, {}, None
             return
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._stamp:
@@ -250,11 +261,22 @@ class TokenStore:
         for record in records:
             token = Token.from_dict(record)
             tokens[token.id] = token
-        self._tokens, self._stamp = tokens, stamp
+        tenant_records = doc.get("tenants", [])
+        if not isinstance(tenant_records, list):
+            raise ConfigurationError(f"{self.path}: 'tenants' must be a list")
+        tenants = {}
+        for record in tenant_records:
+            tenant = Tenant.from_dict(record)
+            tenants[tenant.name] = tenant
+        self._tokens, self._tenants, self._stamp = tokens, tenants, stamp
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        doc = {"version": _FILE_VERSION, "tokens": [t.to_dict() for t in self._tokens.values()]}
+        doc = {
+            "version": _FILE_VERSION,
+            "tokens": [t.to_dict() for t in self._tokens.values()],
+            "tenants": [t.to_dict() for t in self._tenants.values()],
+        }
         fd, tmp = tempfile.mkstemp(prefix=".tokens-", dir=self.path.parent)
         try:
             # 0600: the hashes are not secrets, but the ceilings are the operator's business.
@@ -273,9 +295,16 @@ class TokenStore:
     # -- operations ------------------------------------------------------------
 
     def create(
-        self, name: str, ceiling: Ceiling | None = None, *, expires_in: float | None = None
+        self,
+        name: str,
+        ceiling: Ceiling | None = None,
+        *,
+        expires_in: float | None = None,
+        tenant: str = DEFAULT_TENANT,
+        admin: bool = False,
     ) -> tuple[Token, str]:
         """Add a token; return it and its secret (the only time the secret exists)."""
+        check_tenant_name(tenant)
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ConfigurationError(
                 f"token name {name!r:.80} must be 1-64 letters, digits, '.', '_', '@' or '-'"
@@ -290,6 +319,10 @@ class TokenStore:
                 raise ConfigurationError(
                     f"a token named {name!r} exists; revoke it first or pick another name"
                 )
+            if tenant != DEFAULT_TENANT and tenant not in self._tenants:
+                raise ConfigurationError(
+                    f"no tenant {tenant!r}; create it first: agentnest serve tenant create {tenant}"
+                )
             token_id = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12))
             secret = f"{PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
             now = time.time()
@@ -300,6 +333,8 @@ class TokenStore:
                 created=now,
                 expires=None if expires_in is None else now + float(expires_in),
                 ceiling=ceiling or Ceiling(),
+                tenant=tenant,
+                admin=bool(admin),
             )
             self._tokens[token_id] = token
             self._save()
@@ -325,6 +360,67 @@ class TokenStore:
         with self._lock:
             self._load()
             return self._tokens.get(token_id)
+
+    # -- tenants ---------------------------------------------------------------
+
+    def tenants(self) -> builtins.list[Tenant]:
+        """Every stored tenant, and ``default`` (built-in caps unless stored)."""
+        with self._lock:
+            self._load()
+            found = dict(self._tenants)
+        found.setdefault(DEFAULT_TENANT, Tenant(DEFAULT_TENANT))
+        return sorted(found.values(), key=lambda t: t.name)
+
+    def tenant(self, name: str) -> Tenant | None:
+        """The tenant called ``name`` (``default`` always exists), or None."""
+        with self._lock:
+            self._load()
+            found = self._tenants.get(name)
+        if found is None and name == DEFAULT_TENANT:
+            return Tenant(DEFAULT_TENANT)
+        return found
+
+    def create_tenant(self, tenant: Tenant) -> Tenant:
+        """Store a new tenant (``default`` may be stored once to change its caps)."""
+        if not isinstance(tenant, Tenant):
+            raise ConfigurationError("create_tenant needs a Tenant")
+        with self._lock:
+            self._load()
+            if tenant.name in self._tenants:
+                raise ConfigurationError(
+                    f"tenant {tenant.name!r} exists; change it with `agentnest serve tenant update`"
+                )
+            self._tenants[tenant.name] = tenant
+            self._save()
+        return tenant
+
+    def update_tenant(self, name: str, changes: Mapping[str, Any]) -> Tenant:
+        """Change some of a tenant's settings (a running server applies them at once)."""
+        with self._lock:
+            self._load()
+            current = self._tenants.get(name)
+            if current is None and name == DEFAULT_TENANT:
+                current = Tenant(DEFAULT_TENANT)
+            if current is None:
+                raise ConfigurationError(f"no tenant {name!r:.80}; `agentnest serve tenant list` shows them")
+            updated = current.updated(changes)
+            self._tenants[name] = updated
+            self._save()
+        return updated
+
+    def delete_tenant(self, name: str) -> Tenant:
+        """Remove a tenant that no token belongs to (``default`` returns to its built-in caps)."""
+        with self._lock:
+            self._load()
+            found = self._tenants.get(name)
+            if found is None:
+                raise ConfigurationError(f"no stored tenant {name!r:.80}")
+            users = sorted(t.name for t in self._tokens.values() if t.tenant == name)
+            if users and name != DEFAULT_TENANT:
+                raise ConfigurationError(f"tenant {name!r} still has tokens {users[:10]}; revoke them first")
+            del self._tenants[name]
+            self._save()
+        return found
 
     def authenticate(self, secret: str, now: float | None = None) -> Token:
         """The token whose secret this is.
@@ -377,4 +473,4 @@ def parse_ceiling_options(
     return Ceiling(**fields)
 
 
-__all__ = ["PREFIX", "AuthError", "Ceiling", "Token", "TokenStore", "default_token_file"]
+__all__ = ["PREFIX", "AuthError", "Ceiling", "Tenant", "Token", "TokenStore", "default_token_file"]
