@@ -69,6 +69,19 @@ class PolicyDeniedError(AgentNestError):
         self.request = request
 
 
+class AdmissionRefusedError(PolicyDeniedError):
+    """A server did not admit a new sandbox in time: its tenant's caps, the server's capacity,
+    the tenant's create rate or a full queue (``reason``); ``retry_after`` is when to try again.
+
+    .. versionadded:: 0.5.0
+    """
+
+    def __init__(self, message: str, reason: str = "capacity", retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
 class UnsupportedCapabilityError(AgentNestError):
     """The backend cannot perform, or cannot enforce, what was asked."""
 
@@ -248,6 +261,7 @@ class AuditError(AgentNestError):
 
 
 __all__ = [
+    "AdmissionRefusedError",
     "AgentNestError",
     "AuditError",
     "BackendError",

@@ -311,5 +311,13 @@ class RuntimeBackend(ABC):
         """The sandbox's own log (bounded), if the backend keeps one."""
         return ""
 
+    def capacity(self) -> tuple[int | None, float | None]:
+        """Memory (bytes) and CPUs all of this backend's sandboxes may hold together, as far as the
+        backend knows (``None`` for what it cannot tell).  The manager admits within it.
+
+        .. versionadded:: 0.5.0
+        """
+        return None, None
+
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release client resources (connections).  Sandboxes are not touched."""

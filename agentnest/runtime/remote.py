@@ -23,6 +23,7 @@ top.  Needs the ``server`` extra (httpx and websockets).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import threading
@@ -144,6 +145,11 @@ class RemoteBackend(RuntimeBackend):
         allow_insecure: allow plain ``http://`` to a host that is not
             loopback.  Off by default: the token would cross the network in
             clear text.
+        max_wait: seconds a create may wait in the server's admission queue
+            (default: the tenant's ``default_wait``; 0 answers at once).  A
+            create not admitted in time raises
+            :class:`~agentnest.errors.AdmissionRefusedError` with its
+            ``reason`` and ``retry_after``.
 
     Raises:
         ConfigurationError: no URL or token, or plain HTTP to a remote host.
@@ -160,8 +166,14 @@ class RemoteBackend(RuntimeBackend):
         backend: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         allow_insecure: bool = False,
+        max_wait: float | None = None,
     ) -> None:
         url = url or os.environ.get("AGENTNEST_REMOTE_URL")
+        if max_wait is not None and (
+            isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)) or not 0 <= max_wait <= 600
+        ):
+            raise ConfigurationError(f"max_wait={max_wait!r} must be 0 to 600 seconds")
+        self.max_wait = max_wait
         token = token or os.environ.get("AGENTNEST_REMOTE_TOKEN")
         if not url:
             raise ConfigurationError(
@@ -239,7 +251,10 @@ class RemoteBackend(RuntimeBackend):
             return ConfigurationError(f"the server refused the request: {where}: {first.get('msg')}")
         if not isinstance(detail, str):
             return BackendError(f"the AgentNest server answered HTTP {response.status_code}")
-        return rebuild_error(body.get("code") if isinstance(body, dict) else None, detail)
+        retry_after = None
+        with contextlib.suppress(ValueError, TypeError):
+            retry_after = float(response.headers.get("retry-after"))
+        return rebuild_error(body.get("code") if isinstance(body, dict) else None, detail, retry_after)
 
     def info(self) -> dict[str, Any]:
         """``GET /v1/info`` (cached): the server's backends and this token's ceiling."""
@@ -315,7 +330,11 @@ class RemoteBackend(RuntimeBackend):
                 "subdomains": config.network.subdomains,
             },
         }
-        made = self._call("POST", "/v1/sandboxes", json=body).json()
+        if self.max_wait is not None:
+            body["max_wait"] = self.max_wait
+        # A queued create may wait up to max_wait on the server before it answers.
+        read = self._timeout + (self.max_wait if self.max_wait is not None else 600.0)
+        made = self._call("POST", "/v1/sandboxes", json=body, timeout=read).json()
         sandbox_id = str(made["id"])
         info: dict[str, Any] = {}
         if config.network.domains:

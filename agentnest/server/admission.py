@@ -240,6 +240,13 @@ class Admission:
         self.capacity = capacity
         self._dispatch()
 
+    def retune(self, tenant: Tenant) -> None:
+        """Apply a tenant's changed settings to what it holds and has queued."""
+        state = self._tenants.get(tenant.name)
+        if state is not None:
+            state.config = tenant
+            self._dispatch()
+
     def _state(self, tenant: Tenant) -> _Tenant:
         state = self._tenants.get(tenant.name)
         if state is None:
@@ -444,7 +451,7 @@ class Admission:
         while progress and self._queued:
             progress = False
             for state, head in self._order(now):
-                config = head.tenant
+                config = state.config
                 if not (state.held + head.demand).fits(tenant_limit(config)):
                     head.blocked_by = "tenant_cap"
                     continue

@@ -22,16 +22,13 @@ boundary.
 # No ``from __future__ import annotations``: FastAPI reads the route
 # functions' annotations, some of them local to create_app, as objects.
 
+import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
-import math
-import shutil
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -53,387 +50,36 @@ from starlette.exceptions import HTTPException
 
 from .._version import __version__
 from ..agent.wire import WireError
-from ..aio import AsyncExecutionStream, AsyncPythonSession, AsyncSandbox
-from ..config import ExecutionResult, ResourceLimits, parse_size
-from ..egress.proxy import parse_ip
+from ..aio import AsyncExecutionStream, AsyncPythonSession
+from ..config import ExecutionResult
 from ..errors import (
+    AdmissionRefusedError,
     AgentNestError,
     ConfigurationError,
     ExecutionTimeoutError,
-    PolicyDeniedError,
 )
-from ..events import Observer
-from ..policy import NetworkMode, NetworkPolicy, SecurityPolicy
-from ..runtime.base import RuntimeBackend, SandboxHandle
-from ..runtime.registry import get_backend
-from ..secrets import Secret
 from . import schemas as s
-from .auth import AuthError, Token, TokenStore
-from .channel_audit import ChannelAudit, Emit
+from .admission import Position
+from .auth import AuthError, Token
+from .channel_audit import ChannelAudit
+from .service import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_UPLOAD,
+    MAX_CHANNELS,
+    MAX_SESSIONS,
+    Entry,
+    Refused,
+    ServerSettings,
+    Service,
+    TooLarge,
+    emitter_of,
+    handle_of,
+)
+from .tenant_routes import add_tenant_routes
 
 log = logging.getLogger("agentnest.server")
-
-#: JSON bodies larger than this are refused with 413 before they are read.
-DEFAULT_MAX_BODY = 16 * 1024 * 1024
-#: File uploads and snapshot restores may be larger, up to this.
-DEFAULT_MAX_UPLOAD = 256 * 1024 * 1024
-#: Agent channels (websockets) open at once per sandbox: each is an agent process in it.
-MAX_CHANNELS = 4
-#: Python sessions per sandbox.
-MAX_SESSIONS = 8
-_DEFAULTS = ResourceLimits()
 _WWW_AUTHENTICATE = 'Bearer realm="agentnest"'
 _INVALID_TOKEN = _WWW_AUTHENTICATE + ', error="invalid_token"'
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerSettings:
-    """How the server runs.  Everything here is the operator's choice; clients choose within tokens.
-
-    Args:
-        tokens: the token store (see :mod:`agentnest.server.auth`).
-        backends: backends clients may be granted, by name (the first is the
-            default); values are names for the registry or instances.
-        image: the default image (``None``: the base image); a token without
-            ``images`` in its ceiling gets only this one.
-        default_lifetime: lifetime of a sandbox whose client gives none (at
-            most the token's ``max_timeout``).
-        max_sandboxes: live sandboxes on the server, all tokens together.
-        max_body_bytes: largest JSON request body (413 beyond).
-        max_upload_bytes: largest file upload or snapshot restore body.
-        reap_interval: seconds between sweeps that destroy sandboxes past their deadline.
-        observers: event sinks for every sandbox (an audit log).
-        work_dir: where snapshots are staged while they stream (a private
-            temporary directory by default, removed at shutdown).
-    """
-
-    tokens: TokenStore
-    backends: Mapping[str, str | RuntimeBackend] = dataclasses.field(
-        default_factory=lambda: {"docker": "docker"}
-    )
-    image: str | None = None
-    default_lifetime: float = 600.0
-    max_sandboxes: int = 64
-    max_body_bytes: int = DEFAULT_MAX_BODY
-    max_upload_bytes: int = DEFAULT_MAX_UPLOAD
-    reap_interval: float = 5.0
-    observers: Sequence[Observer] = ()
-    work_dir: Path | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.tokens, TokenStore):
-            raise ConfigurationError("tokens must be a TokenStore")
-        if not self.backends:
-            raise ConfigurationError("the server needs at least one backend")
-        for name in ("max_sandboxes", "max_body_bytes", "max_upload_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigurationError(f"{name}={value!r} must be a positive integer")
-        for name in ("default_lifetime", "reap_interval"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
-
-
-class _Entry:
-    """One live sandbox of one token."""
-
-    def __init__(self, token_id: str, sandbox: AsyncSandbox, backend_name: str) -> None:
-        self.token_id = token_id
-        self.sandbox = sandbox
-        self.backend_name = backend_name
-        self.created = time.time()
-        self.sessions: dict[str, AsyncPythonSession] = {}
-        self.channels = 0
-
-
-class _Refused(HTTPException):
-    """An HTTP error with a stable code (the body is ``{"detail", "code"}``)."""
-
-    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(status, detail, headers)
-        self.code = code
-
-
-class _TooLarge(_Refused):
-    def __init__(self, limit: int) -> None:
-        super().__init__(
-            413, "too_large", f"the request body is larger than this server's limit of {limit} bytes"
-        )
-
-
-def _handle_of(sandbox: AsyncSandbox) -> SandboxHandle:
-    # The backend handle of a sandbox the server owns: needed to open further
-    # agent channels for the remote backend.
-    return sandbox.handle
-
-
-def _emitter_of(sandbox: AsyncSandbox) -> Emit:
-    # The sandbox's own guard: channel events get its redaction and its observers.
-    return sandbox._sandbox._guard.emit
-
-
-class Service:
-    """The sandboxes of one server, by token.  Runs on the server's event loop (no locks needed)."""
-
-    def __init__(self, settings: ServerSettings) -> None:
-        self.settings = settings
-        self.backends: dict[str, RuntimeBackend] = {}
-        for name, backend in settings.backends.items():
-            instance = get_backend(backend) if isinstance(backend, str) else backend
-            if not isinstance(instance, RuntimeBackend):
-                raise ConfigurationError(f"backend {name!r} is not a RuntimeBackend")
-            self.backends[name] = instance
-        self.default_backend = next(iter(self.backends))
-        if settings.image is not None:
-            self.image = settings.image
-        else:
-            from ..sandbox import default_image
-
-            self.image = default_image()
-        self.entries: dict[str, _Entry] = {}
-        self.pending: dict[str, int] = {}
-        self.closed = False
-        self._work_dir: Path | None = None
-
-    @property
-    def work_dir(self) -> Path:
-        """Where snapshots are staged: the operator's directory, or a private one made on first use."""
-        if self._work_dir is None:
-            if self.settings.work_dir is not None:
-                self._work_dir = Path(self.settings.work_dir)
-                self._work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            else:
-                self._work_dir = Path(tempfile.mkdtemp(prefix="agentnest-serve-"))
-        return self._work_dir
-
-    # -- lookup ----------------------------------------------------------------
-
-    def get(self, token: Token, sandbox_id: str) -> _Entry:
-        entry = self.entries.get(sandbox_id)
-        # The same answer for "never existed" and "another token's": nothing leaks.
-        if entry is None or entry.token_id != token.id:
-            raise _Refused(404, "not_found", f"no sandbox {sandbox_id!r:.80} for this token")
-        return entry
-
-    def count(self, token_id: str) -> int:
-        live = sum(1 for e in self.entries.values() if e.token_id == token_id)
-        return live + self.pending.get(token_id, 0)
-
-    @asynccontextmanager
-    async def slot(self, token: Token) -> AsyncIterator[None]:
-        """Reserve room for one more sandbox of ``token`` while it is created."""
-        await self.reap()
-        if self.closed:
-            raise _Refused(503, "runtime_unavailable", "the server is shutting down")
-        used = self.count(token.id)
-        if used >= token.ceiling.max_sandboxes:
-            raise _Refused(
-                429,
-                "quota",
-                f"this token already has {used} of at most {token.ceiling.max_sandboxes} sandboxes; "
-                "destroy one first",
-            )
-        total = len(self.entries) + sum(self.pending.values())
-        if total >= self.settings.max_sandboxes:
-            raise _Refused(429, "quota", "the server runs as many sandboxes as it may; try again later")
-        self.pending[token.id] = self.pending.get(token.id, 0) + 1
-        try:
-            yield
-        finally:
-            self.pending[token.id] -= 1
-            if not self.pending[token.id]:
-                del self.pending[token.id]
-
-    # -- lifecycle ---------------------------------------------------------------
-
-    async def create(self, token: Token, body: s.CreateSandbox) -> _Entry:
-        ceiling = token.ceiling
-        allowed_backends = ceiling.backends or (self.default_backend,)
-        backend_name = body.backend or (
-            self.default_backend if self.default_backend in allowed_backends else allowed_backends[0]
-        )
-        if backend_name not in allowed_backends:
-            raise PolicyDeniedError(
-                f"backend {backend_name!r} is beyond this token's ceiling; "
-                f"it may use {list(allowed_backends)}"
-            )
-        backend = self.backends.get(backend_name)
-        if backend is None:
-            raise ConfigurationError(f"this server has no backend {backend_name!r}; GET /v1/info lists them")
-        image = body.image or self.image
-        if not ceiling.allows_image(image, self.image):
-            allowed = list(ceiling.images) or [self.image]
-            raise PolicyDeniedError(f"image {image!r} is beyond this token's ceiling; allowed: {allowed}")
-        if body.timeout is not None and body.timeout > ceiling.max_timeout:
-            raise PolicyDeniedError(
-                f"timeout {body.timeout:g}s is beyond this token's max_timeout {ceiling.max_timeout:g}s"
-            )
-        timeout = body.timeout or min(self.settings.default_lifetime, ceiling.max_timeout)
-        if not body.read_only_root and not ceiling.writable_root:
-            raise PolicyDeniedError("a writable root filesystem is beyond this token's ceiling")
-        network = self._network(token, body.network)
-        policy = self._policy(token, body.policy, network, image)
-        memory = parse_size(body.memory, "memory") if body.memory is not None else None
-        workspace = parse_size(body.workspace_size, "workspace_size") if body.workspace_size else None
-        if workspace is not None and workspace > ceiling.max_workspace:
-            raise PolicyDeniedError(
-                f"workspace_size {workspace} is beyond this token's max_workspace {ceiling.max_workspace}"
-            )
-        environment: dict[str, str | Secret] = dict(body.environment)
-        for name, value in body.secrets.items():
-            environment[name] = Secret(value)
-        for name, value in body.secret_files.items():
-            environment[name] = Secret(value, as_file=True)
-        # What the client did not ask for defaults to the smaller of the
-        # usual default and the ceiling: not asking is never "asking for more".
-        # The tmpfs sizes follow the memory (they live in it).
-        memory = memory if memory is not None else min(_DEFAULTS.memory, ceiling.max_memory)
-        if workspace is None:
-            workspace = min(_DEFAULTS.workspace, ceiling.max_workspace, memory // 2)
-        scratch = body.scratch_size if body.scratch_size is not None else min(_DEFAULTS.scratch, memory // 8)
-        async with self.slot(token):
-            sandbox = await AsyncSandbox.create(
-                image,
-                timeout,
-                environment=environment,
-                workdir=body.workdir,
-                memory=memory,
-                cpus=body.cpus if body.cpus is not None else min(_DEFAULTS.cpus, ceiling.max_cpus),
-                pids=body.pids if body.pids is not None else min(_DEFAULTS.pids, ceiling.max_pids),
-                workspace_size=workspace,
-                scratch_size=scratch,
-                backend=backend,
-                read_only_root=body.read_only_root,
-                security_policy=policy,
-                observers=self.settings.observers,
-            )
-            entry = _Entry(token.id, sandbox, backend_name)
-            self.entries[sandbox.id] = entry
-        return entry
-
-    def _network(self, token: Token, asked: s.NetworkIn) -> NetworkPolicy:
-        ceiling = token.ceiling
-        if asked.mode not in ceiling.network:
-            raise PolicyDeniedError(
-                f"network mode {asked.mode!r} is beyond this token's ceiling; "
-                f"it may use {list(ceiling.network)}"
-            )
-        if asked.mode == NetworkMode.ALLOWLIST.value:
-            for domain in asked.domains:
-                name = domain.lower().rstrip(".")
-                if not ceiling.allows_domain(name):
-                    raise PolicyDeniedError(
-                        f"allowlist domain {domain!r} is beyond this token's ceiling "
-                        f"(allowed patterns: {list(ceiling.domains)})"
-                    )
-                # With subdomains a listed name also admits every name below it
-                # (NetworkPolicy.subdomains): the ceiling must admit those as it
-                # would admit the pattern '*.name'.  An address or a one-label
-                # name admits only itself.
-                below = "." in name and not name.startswith("*.") and parse_ip(name) is None
-                if asked.subdomains and below and not ceiling.allows_domain("*." + name):
-                    raise PolicyDeniedError(
-                        f"allowlist domain {domain!r} with the names below it is beyond this token's "
-                        f"ceiling (allowed patterns: {list(ceiling.domains)}); ask with subdomains=false "
-                        "for exactly that name"
-                    )
-            return NetworkPolicy.allowlist(
-                domains=tuple(asked.domains), ports=tuple(asked.ports), subdomains=asked.subdomains
-            )
-        if asked.domains:
-            raise ConfigurationError(f"domains only go with network mode 'allowlist', not {asked.mode!r}")
-        return NetworkPolicy.open() if asked.mode == NetworkMode.OPEN.value else NetworkPolicy.denied()
-
-    def _policy(self, token: Token, asked: s.PolicyIn, network: NetworkPolicy, image: str) -> SecurityPolicy:
-        ceiling = token.ceiling
-        for name in ("max_output_bytes", "max_file_bytes"):
-            value = getattr(asked, name)
-            if value is not None and value > getattr(ceiling, name):
-                raise PolicyDeniedError(
-                    f"{name} {value} is beyond this token's ceiling {getattr(ceiling, name)}"
-                )
-        return SecurityPolicy(
-            network=network,
-            max_output_bytes=asked.max_output_bytes or ceiling.max_output_bytes,
-            max_file_bytes=asked.max_file_bytes or ceiling.max_file_bytes,
-            require_image_digest=asked.require_image_digest,
-            # Forks inherit this policy: the guard itself holds them to the ceiling.
-            allowed_images=tuple(ceiling.images) or (self.image,),
-            read_only_root=not ceiling.writable_root,
-            max_memory=ceiling.max_memory,
-            max_cpus=ceiling.max_cpus,
-            max_pids=ceiling.max_pids,
-            max_timeout=ceiling.max_timeout,
-        )
-
-    async def adopt(self, token: Token, child: AsyncSandbox, backend_name: str) -> _Entry:
-        entry = _Entry(token.id, child, backend_name)
-        self.entries[child.id] = entry
-        return entry
-
-    async def destroy(self, entry: _Entry) -> None:
-        self.entries.pop(entry.sandbox.id, None)
-        for session in list(entry.sessions.values()):
-            try:
-                await session.close()
-            except AgentNestError:
-                pass  # the sandbox goes next, its sessions with it
-        entry.sessions.clear()
-        try:
-            await entry.sandbox.destroy()
-        except AgentNestError as exc:
-            # Already gone, or the engine failed: its deadline stops it anyway.
-            log.warning("destroying sandbox %s: %s", entry.sandbox.id, exc)
-
-    async def reap(self) -> None:
-        """Destroy the sandboxes past their deadline (they stopped themselves already)."""
-        now = time.time()
-        expired = [e for e in self.entries.values() if e.sandbox.deadline <= now]
-        for entry in expired:
-            await self.destroy(entry)
-
-    async def close(self) -> None:
-        self.closed = True
-        entries = list(self.entries.values())
-        async with anyio.create_task_group() as tg:
-            for entry in entries:
-                tg.start_soon(self.destroy, entry)
-        if self._work_dir is not None and self.settings.work_dir is None:
-            shutil.rmtree(self._work_dir, ignore_errors=True)
-            self._work_dir = None
-
-    # -- descriptions ------------------------------------------------------------
-
-    async def describe(self, entry: _Entry) -> s.SandboxOut:
-        sandbox = entry.sandbox
-        config = sandbox.config
-        backend = sandbox.backend
-        handle = _handle_of(sandbox)
-
-        def state() -> tuple[bool, str | None]:
-            if sandbox.destroyed:
-                return False, "it was destroyed"
-            running = backend.is_running(handle)
-            return running, None if running else backend.exit_reason(handle)
-
-        running, reason = await anyio.to_thread.run_sync(state)
-        return s.SandboxOut(
-            id=sandbox.id,
-            image=config.image,
-            backend=entry.backend_name,
-            oci_runtime=backend.oci_runtime,
-            created=entry.created,
-            deadline=sandbox.deadline,
-            expires_in=max(0.0, round(sandbox.deadline - time.time(), 3)),
-            running=running,
-            memory=config.limits.memory,
-            cpus=config.limits.cpus,
-            pids=config.limits.pids,
-            network=config.network.mode.value,
-            read_only_root=config.read_only_root,
-            exit_reason=reason,
-        )
 
 
 def _exec_out(result: ExecutionResult) -> s.ExecOut:
@@ -505,7 +151,7 @@ class BodyLimit:
                     await response(scope, receive, send)
                     return
                 if int(value) > limit:
-                    await _error_response(413, "too_large", _TooLarge(limit).detail)(scope, receive, send)
+                    await _error_response(413, "too_large", TooLarge(limit).detail)(scope, receive, send)
                     return
         received = 0
 
@@ -515,7 +161,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise _TooLarge(limit)
+                    raise TooLarge(limit)
             return message
 
         await self.app(scope, limited, send)
@@ -574,13 +220,16 @@ def create_app(settings: ServerSettings) -> FastAPI:
         status = s.ERROR_CODES[code][0]
         if status >= 500:
             log.warning("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-        return _error_response(status, code, str(exc))
+        headers = None
+        if isinstance(exc, AdmissionRefusedError) and exc.retry_after is not None:
+            headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
+        return _error_response(status, code, str(exc), headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         code = (
             exc.code
-            if isinstance(exc, _Refused)
+            if isinstance(exc, Refused)
             else {404: "not_found", 405: "invalid"}.get(exc.status_code, "invalid")
         )
         if exc.status_code in (204, 304):
@@ -599,7 +248,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     def authenticate(header_value: str | None) -> Token:
         if not header_value:
-            raise _Refused(
+            raise Refused(
                 401,
                 "unauthorized",
                 "missing bearer token: send 'Authorization: Bearer <token>'",
@@ -608,7 +257,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         try:
             return settings.tokens.authenticate(header_value)
         except AuthError as exc:
-            raise _Refused(
+            raise Refused(
                 401,
                 "unauthorized",
                 str(exc),
@@ -626,11 +275,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
         code: {"model": s.ErrorOut} for code in (400, 401, 403, 404, 409, 410, 413, 429)
     }
 
-    async def owned(token: Token, sandbox_id: str) -> _Entry:
+    async def owned(token: Token, sandbox_id: str) -> Entry:
         entry = service.get(token, sandbox_id)
         if entry.sandbox.deadline <= time.time():
             await service.destroy(entry)
-            raise _Refused(404, "not_found", f"no sandbox {sandbox_id!r:.80} for this token")
+            raise Refused(404, "not_found", f"no sandbox {sandbox_id!r:.80} for this token")
         return entry
 
     # -- routes: server ------------------------------------------------------------
@@ -662,16 +311,41 @@ def create_app(settings: ServerSettings) -> FastAPI:
             ceiling=token.ceiling.to_dict(),
             max_body_bytes=settings.max_body_bytes,
             max_upload_bytes=settings.max_upload_bytes,
+            tenant=token.tenant,
         )
+
+    add_tenant_routes(app, service, TokenDep, errors)
 
     # -- routes: sandboxes -----------------------------------------------------------
 
     @app.post(
         "/v1/sandboxes", status_code=201, response_model=s.SandboxOut, responses=errors, tags=["sandboxes"]
     )
-    async def create_sandbox(token: TokenDep, body: s.CreateSandbox) -> s.SandboxOut:
-        """Create a sandbox within the token's ceiling."""
-        entry = await service.create(token, body)
+    async def create_sandbox(token: TokenDep, body: s.CreateSandbox, request: Request) -> Any:
+        """Create a sandbox within the token's ceiling, once its tenant's turn comes.
+
+        A create that cannot start now waits in its tenant's queue up to
+        ``max_wait``, then fails with 429, a reason code (``tenant_cap``,
+        ``capacity``, ``rate``, ``queue_full``) and ``Retry-After``.  With
+        ``Accept: text/event-stream`` the answer is a stream: ``queued`` events
+        (position, requests ahead of it in its tenant, estimated wait) while it
+        waits, then ``created`` (the sandbox) or ``error``.  A client that goes
+        away while queued leaves the queue at once.
+        """
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return StreamingResponse(
+                _create_events(service, token, body),
+                status_code=201,
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            )
+
+        async def client_gone() -> None:
+            # The body is read: the next message the server gets is the disconnect.
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        entry = await service.create(token, body, client_gone=client_gone)
         return await service.describe(entry)
 
     @app.get("/v1/sandboxes", response_model=s.SandboxList, responses=errors, tags=["sandboxes"])
@@ -739,9 +413,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def fork(token: TokenDep, sandbox_id: SandboxId, body: s.ForkIn | None = None) -> s.SandboxOut:
         """Branch a sandbox into a new one of this token (counts against max_sandboxes)."""
         entry = await owned(token, sandbox_id)
-        async with service.slot(token):
-            child = await entry.sandbox.fork(timeout=body.timeout if body is not None else None)
-            new = await service.adopt(token, child, entry.backend_name)
+        new = await service.fork(token, entry, body.timeout if body is not None else None)
         return await service.describe(new)
 
     # -- routes: commands ---------------------------------------------------------------
@@ -816,15 +488,15 @@ def create_app(settings: ServerSettings) -> FastAPI:
         """Start a persistent Python interpreter."""
         entry = await owned(token, sandbox_id)
         if len(entry.sessions) >= MAX_SESSIONS:
-            raise _Refused(429, "quota", f"a sandbox has at most {MAX_SESSIONS} sessions; close one first")
+            raise Refused(429, "quota", f"a sandbox has at most {MAX_SESSIONS} sessions; close one first")
         session = await entry.sandbox.python_session()
         entry.sessions[session.id] = session
         return s.SessionOut(id=session.id)
 
-    def session_of(entry: _Entry, session_id: str) -> AsyncPythonSession:
+    def session_of(entry: Entry, session_id: str) -> AsyncPythonSession:
         session = entry.sessions.get(session_id)
         if session is None:
-            raise _Refused(404, "not_found", f"no session {session_id!r:.80} in this sandbox")
+            raise Refused(404, "not_found", f"no session {session_id!r:.80} in this sandbox")
         return session
 
     @app.post(
@@ -999,10 +671,10 @@ def create_app(settings: ServerSettings) -> FastAPI:
         scheme, _, credential = header.partition(" ")
         try:
             if scheme.lower() != "bearer":
-                raise _Refused(401, "unauthorized", "missing bearer token")
+                raise Refused(401, "unauthorized", "missing bearer token")
             token = authenticate(credential.strip())
             entry = await owned(token, sandbox_id)
-        except _Refused as exc:
+        except Refused as exc:
             # Policy violation; the handshake fails with 403 and nothing is said
             # about whether the sandbox exists.
             await websocket.close(code=1008, reason=str(exc.detail)[:120])
@@ -1019,17 +691,17 @@ def create_app(settings: ServerSettings) -> FastAPI:
     return app
 
 
-async def _pump(websocket: WebSocket, entry: _Entry) -> None:
+async def _pump(websocket: WebSocket, entry: Entry) -> None:
     sandbox = entry.sandbox
     backend = sandbox.backend
-    handle = _handle_of(sandbox)
+    handle = handle_of(sandbox)
     try:
         stream = await anyio.to_thread.run_sync(backend.open_channel, handle)
     except AgentNestError as exc:
         await websocket.close(code=1011, reason=str(exc)[:120])
         return
     # The server's audit log records what the client does over the channel too.
-    audit = ChannelAudit(_emitter_of(sandbox), entry.token_id)
+    audit = ChannelAudit(emitter_of(sandbox), entry.token_id)
     garbage: list[str] = []
 
     def read_agent() -> bytes:
@@ -1093,9 +765,7 @@ async def _pump(websocket: WebSocket, entry: _Entry) -> None:
 
 
 async def _sse(stream: AsyncExecutionStream) -> AsyncIterator[bytes]:
-    def event(name: str, data: Mapping[str, Any]) -> bytes:
-        return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
-
+    event = _event
     try:
         try:
             async for chunk in stream:
@@ -1114,6 +784,56 @@ async def _sse(stream: AsyncExecutionStream) -> AsyncIterator[bytes]:
         # Also on cancellation (the client went away): kill the command's tree.
         with anyio.CancelScope(shield=True):
             await stream.aclose()
+
+
+async def _create_events(service: Service, token: Token, body: s.CreateSandbox) -> AsyncIterator[bytes]:
+    """``POST /v1/sandboxes`` as server-sent events: ``queued``... then ``created`` or ``error``."""
+    updates: asyncio.Queue[Position] = asyncio.Queue()
+
+    async def on_update(position: Position) -> None:
+        updates.put_nowait(position)
+
+    # Cancelling this generator (the client went away) cancels the create: queued, it
+    # leaves the queue; admitted, its start finishes and the sandbox is the token's.
+    task = asyncio.ensure_future(service.create(token, body, on_update=on_update))
+    try:
+        while not task.done():
+            getter = asyncio.ensure_future(updates.get())
+            await asyncio.wait((task, getter), return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                break
+            yield _event("queued", getter.result().to_dict())
+        try:
+            entry = task.result()
+        except AdmissionRefusedError as exc:
+            yield _event(
+                "error",
+                {
+                    "detail": str(exc),
+                    "code": s.error_code(exc),
+                    "status": 429,
+                    "retry_after": exc.retry_after,
+                },
+            )
+            return
+        except AgentNestError as exc:
+            code = s.error_code(exc)
+            yield _event("error", {"detail": str(exc), "code": code, "status": s.ERROR_CODES[code][0]})
+            return
+        except Refused as exc:
+            yield _event("error", {"detail": str(exc.detail), "code": exc.code, "status": exc.status_code})
+            return
+        yield _event("created", (await service.describe(entry)).model_dump())
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, AgentNestError, Refused):
+                await task
+
+
+def _event(name: str, data: Mapping[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
 async def _file_chunks(path: Path, chunk: int = 1 << 20) -> AsyncIterator[bytes]:

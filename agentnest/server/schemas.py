@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import (
+    AdmissionRefusedError,
     AgentNestError,
     AuditError,
     BackendError,
@@ -49,6 +50,11 @@ ERROR_CODES: dict[str, tuple[int, type[AgentNestError]]] = {
     "snapshot_refused": (400, SnapshotError),
     "policy_denied": (403, PolicyDeniedError),
     "quota": (429, PolicyDeniedError),
+    # Admission (agentnest.server.admission): why a create was not admitted in time.
+    "tenant_cap": (429, AdmissionRefusedError),
+    "capacity": (429, AdmissionRefusedError),
+    "rate": (429, AdmissionRefusedError),
+    "queue_full": (429, AdmissionRefusedError),
     "unsupported": (409, UnsupportedCapabilityError),
     "gone": (410, SandboxDestroyedError),
     "session_lost": (409, SessionLostError),
@@ -71,6 +77,11 @@ def error_code(exc: AgentNestError) -> str:
     """The stable wire code of an AgentNest error."""
     if isinstance(exc, FileAccessError):
         return "file_not_found" if exc.code == "not_found" else "file_refused"
+    if (
+        isinstance(exc, AdmissionRefusedError)
+        and ERROR_CODES.get(exc.reason, (0, None))[1] is AdmissionRefusedError
+    ):
+        return exc.reason
     table: tuple[tuple[type[AgentNestError], str], ...] = (
         (ImageNotFoundError, "image_not_found"),
         (RuntimeNotAvailableError, "runtime_unavailable"),
@@ -94,10 +105,12 @@ def error_code(exc: AgentNestError) -> str:
     return "error"
 
 
-def rebuild_error(code: object, message: str) -> AgentNestError:
+def rebuild_error(code: object, message: str, retry_after: float | None = None) -> AgentNestError:
     """The exception for a wire error (client side); unknown codes become AgentNestError."""
     entry = ERROR_CODES.get(code) if isinstance(code, str) else None
     cls = entry[1] if entry is not None else AgentNestError
+    if cls is AdmissionRefusedError:
+        return AdmissionRefusedError(message, reason=str(code), retry_after=retry_after)
     if cls is FileAccessError:
         return FileAccessError(message, code="not_found" if code == "file_not_found" else "io")
     if cls is SnapshotError:
@@ -173,6 +186,16 @@ class CreateSandbox(_Request):
     )
     network: NetworkIn = NetworkIn()
     policy: PolicyIn = PolicyIn()
+    max_wait: float | None = Field(
+        default=None,
+        ge=0,
+        le=600,
+        description="seconds to wait in the admission queue when the server or the tenant is full "
+        "(default: the tenant's default_wait; 0: answer at once; more than the tenant's max_wait is refused)",
+    )
+    priority: Literal["high", "normal", "low"] | None = Field(
+        default=None, description="the request's band: the tenant's own (default) or a lower one"
+    )
 
 
 class SandboxOut(BaseModel):
@@ -298,6 +321,48 @@ class InfoOut(BaseModel):
     ceiling: dict[str, Any]
     max_body_bytes: int
     max_upload_bytes: int
+    tenant: str = "default"
+
+
+class TenantIn(_Request):
+    """A new tenant (``POST /v1/tenants``); unset fields take the defaults shown in docs/server.md."""
+
+    name: Annotated[str, Field(min_length=1, max_length=40)]
+    weight: float | None = Field(default=None, gt=0, le=1_000_000)
+    priority: Literal["high", "normal", "low"] | None = None
+    max_sandboxes: int | None = Field(default=None, ge=0, le=1_000_000)
+    max_memory: Size | None = None
+    max_cpus: float | None = Field(default=None, ge=0, le=1_000_000)
+    max_lifetime: float | None = Field(default=None, gt=0, le=365 * 24 * 3600)
+    rate: float | None = Field(default=None, gt=0, le=1_000_000)
+    burst: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_queued: int | None = Field(default=None, ge=0, le=1_000_000)
+    default_wait: float | None = Field(default=None, ge=0, le=600)
+    max_wait: float | None = Field(default=None, ge=0, le=600)
+
+    def changes(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v is not None and k != "name"}
+
+
+class TenantUpdate(TenantIn):
+    """Changes to a tenant (``PATCH /v1/tenants/{name}``): only the fields given change."""
+
+    name: Annotated[str, Field(min_length=1, max_length=40)] | None = None  # type: ignore[assignment]
+
+
+class TenantOut(BaseModel):
+    """A tenant's settings, what it holds now and what waits in its queue."""
+
+    name: str
+    settings: dict[str, Any]
+    held_sandboxes: int
+    held_memory: int
+    held_cpus: float
+    queued: int
+
+
+class TenantList(BaseModel):
+    tenants: list[TenantOut]
 
 
 class HealthOut(BaseModel):

@@ -705,6 +705,15 @@ class DockerBackend(RuntimeBackend):
             return f"its container exited with code {state.get('ExitCode')}"
         return None
 
+    def capacity(self) -> tuple[int | None, float | None]:
+        """The engine host's memory and CPUs (``docker info``): what its sandboxes share."""
+        info = self.engine_info()
+        memory, cpus = info.get("MemTotal"), info.get("NCPU")
+        return (
+            memory if isinstance(memory, int) and memory > 0 else None,
+            float(cpus) if isinstance(cpus, int) and cpus > 0 else None,
+        )
+
     def logs(self, handle: SandboxHandle, tail: int = 200) -> str:
         import docker.errors
 

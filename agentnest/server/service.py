@@ -1,0 +1,562 @@
+"""The sandboxes of ``agentnest serve``: settings, ownership by token, admission by tenant.
+
+:class:`Service` is the server's registry.  Every sandbox belongs to the
+token that created it; every create passes the token's ceiling (403 beyond
+it), the token's own count, and then fair admission between tenants
+(:mod:`agentnest.server.admission`): it waits its turn up to its
+``max_wait`` or is refused with 429, a reason and ``Retry-After``.  The HTTP
+routes are in :mod:`agentnest.server.app`.
+
+.. versionadded:: 0.4.0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+from starlette.exceptions import HTTPException
+
+from ..aio import AsyncPythonSession, AsyncSandbox
+from ..config import ResourceLimits, parse_size
+from ..egress.proxy import parse_ip
+from ..errors import AdmissionRefusedError, AgentNestError, ConfigurationError, PolicyDeniedError
+from ..events import Observer
+from ..policy import NetworkMode, NetworkPolicy, SecurityPolicy
+from ..runtime.base import RuntimeBackend, SandboxHandle
+from ..runtime.registry import get_backend
+from ..secrets import Secret
+from . import schemas as s
+from .admission import DEFAULT_AGING, DEFAULT_MAX_QUEUE, Admission, Grant, Position, Rejected, Resources
+from .auth import Token, TokenStore
+from .channel_audit import Emit
+from .tenants import BANDS, Tenant
+
+log = logging.getLogger("agentnest.server")
+
+#: JSON bodies larger than this are refused with 413 before they are read.
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
+#: File uploads and snapshot restores may be larger, up to this.
+DEFAULT_MAX_UPLOAD = 256 * 1024 * 1024
+#: Agent channels (websockets) open at once per sandbox: each is an agent process in it.
+MAX_CHANNELS = 4
+#: Python sessions per sandbox.
+MAX_SESSIONS = 8
+_DEFAULTS = ResourceLimits()
+#: A dimension no one configured and the backend cannot tell: only the other dimensions bound it.
+UNBOUNDED_MEMORY = 1 << 62
+UNBOUNDED_CPUS = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    """How the server runs.  Everything here is the operator's choice; clients choose within tokens.
+
+    Args:
+        tokens: the token store (see :mod:`agentnest.server.auth`).
+        backends: backends clients may be granted, by name (the first is the
+            default); values are names for the registry or instances.
+        image: the default image (``None``: the base image); a token without
+            ``images`` in its ceiling gets only this one.
+        default_lifetime: lifetime of a sandbox whose client gives none (at
+            most the token's ``max_timeout``).
+        max_sandboxes: live sandboxes on the server, all tokens together.
+        max_body_bytes: largest JSON request body (413 beyond).
+        max_upload_bytes: largest file upload or snapshot restore body.
+        reap_interval: seconds between sweeps that destroy sandboxes past their deadline.
+        observers: event sinks for every sandbox (an audit log).
+        work_dir: where snapshots are staged while they stream (a private
+            temporary directory by default, removed at shutdown).
+        capacity_memory: memory all sandboxes may hold together (``None``: what
+            the default backend reports, e.g. Docker's host memory).
+        capacity_cpus: CPUs all sandboxes may hold together (``None``: the backend's).
+        aging: seconds after which a queued create moves up one priority band.
+        max_queue: creates waiting at once on the whole server (429 ``queue_full`` beyond).
+    """
+
+    tokens: TokenStore
+    backends: Mapping[str, str | RuntimeBackend] = dataclasses.field(
+        default_factory=lambda: {"docker": "docker"}
+    )
+    image: str | None = None
+    default_lifetime: float = 600.0
+    max_sandboxes: int = 64
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD
+    reap_interval: float = 5.0
+    observers: Sequence[Observer] = ()
+    work_dir: Path | None = None
+    capacity_memory: int | None = None
+    capacity_cpus: float | None = None
+    aging: float = DEFAULT_AGING
+    max_queue: int = DEFAULT_MAX_QUEUE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokens, TokenStore):
+            raise ConfigurationError("tokens must be a TokenStore")
+        if not self.backends:
+            raise ConfigurationError("the server needs at least one backend")
+        for name in ("max_sandboxes", "max_body_bytes", "max_upload_bytes", "max_queue"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigurationError(f"{name}={value!r} must be a positive integer")
+        if self.capacity_memory is not None and (
+            isinstance(self.capacity_memory, bool)
+            or not isinstance(self.capacity_memory, int)
+            or self.capacity_memory <= 0
+        ):
+            raise ConfigurationError(f"capacity_memory={self.capacity_memory!r} must be a positive size")
+        if self.capacity_cpus is not None and not (
+            isinstance(self.capacity_cpus, (int, float)) and 0 < self.capacity_cpus < math.inf
+        ):
+            raise ConfigurationError(f"capacity_cpus={self.capacity_cpus!r} must be a positive number")
+        for name in ("default_lifetime", "reap_interval", "aging"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
+
+
+class Entry:
+    """One live sandbox of one token."""
+
+    def __init__(self, token_id: str, sandbox: AsyncSandbox, backend_name: str, grant: Grant) -> None:
+        self.token_id = token_id
+        self.sandbox = sandbox
+        self.backend_name = backend_name
+        self.grant = grant
+        self.created = time.time()
+        self.sessions: dict[str, AsyncPythonSession] = {}
+        self.channels = 0
+
+
+class Refused(HTTPException):
+    """An HTTP error with a stable code (the body is ``{"detail", "code"}``)."""
+
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(status, detail, headers)
+        self.code = code
+
+
+class TooLarge(Refused):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            413, "too_large", f"the request body is larger than this server's limit of {limit} bytes"
+        )
+
+
+def handle_of(sandbox: AsyncSandbox) -> SandboxHandle:
+    # The backend handle of a sandbox the server owns: needed to open further
+    # agent channels for the remote backend.
+    return sandbox.handle
+
+
+def emitter_of(sandbox: AsyncSandbox) -> Emit:
+    # The sandbox's own guard: channel events get its redaction and its observers.
+    return sandbox._sandbox._guard.emit
+
+
+class Service:
+    """The sandboxes of one server, by token.  Runs on the server's event loop (no locks needed)."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.backends: dict[str, RuntimeBackend] = {}
+        for name, backend in settings.backends.items():
+            instance = get_backend(backend) if isinstance(backend, str) else backend
+            if not isinstance(instance, RuntimeBackend):
+                raise ConfigurationError(f"backend {name!r} is not a RuntimeBackend")
+            self.backends[name] = instance
+        self.default_backend = next(iter(self.backends))
+        if settings.image is not None:
+            self.image = settings.image
+        else:
+            from ..sandbox import default_image
+
+            self.image = default_image()
+        self.entries: dict[str, Entry] = {}
+        self.pending: dict[str, int] = {}
+        self.closed = False
+        self._work_dir: Path | None = None
+        self.admission = Admission(
+            Resources(
+                settings.max_sandboxes,
+                settings.capacity_memory or UNBOUNDED_MEMORY,
+                settings.capacity_cpus or UNBOUNDED_CPUS,
+            ),
+            aging=settings.aging,
+            max_queue=settings.max_queue,
+        )
+        self._capacity_known = settings.capacity_memory is not None and settings.capacity_cpus is not None
+
+    async def capacity(self) -> Resources:
+        """What all sandboxes may hold together: configured, else what the default backend reports.
+
+        Read once, on the first create (the engine may be down when the server starts).
+        A dimension neither configured nor reported is bounded only by the others.
+        """
+        if not self._capacity_known:
+            backend = self.backends[self.default_backend]
+            memory, cpus = await anyio.to_thread.run_sync(backend.capacity)
+            settings = self.settings
+            self.admission.set_capacity(
+                Resources(
+                    settings.max_sandboxes,
+                    settings.capacity_memory or memory or UNBOUNDED_MEMORY,
+                    settings.capacity_cpus or cpus or UNBOUNDED_CPUS,
+                )
+            )
+            self._capacity_known = True
+        return self.admission.capacity
+
+    def tenant_of(self, token: Token) -> Tenant:
+        tenant = self.settings.tokens.tenant(token.tenant)
+        if tenant is None:
+            raise PolicyDeniedError(
+                f"this token's tenant {token.tenant!r} no longer exists; ask the operator to recreate it"
+            )
+        return tenant
+
+    @property
+    def work_dir(self) -> Path:
+        """Where snapshots are staged: the operator's directory, or a private one made on first use."""
+        if self._work_dir is None:
+            if self.settings.work_dir is not None:
+                self._work_dir = Path(self.settings.work_dir)
+                self._work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            else:
+                self._work_dir = Path(tempfile.mkdtemp(prefix="agentnest-serve-"))
+        return self._work_dir
+
+    # -- lookup ----------------------------------------------------------------
+
+    def get(self, token: Token, sandbox_id: str) -> Entry:
+        entry = self.entries.get(sandbox_id)
+        # The same answer for "never existed" and "another token's": nothing leaks.
+        if entry is None or entry.token_id != token.id:
+            raise Refused(404, "not_found", f"no sandbox {sandbox_id!r:.80} for this token")
+        return entry
+
+    def count(self, token_id: str) -> int:
+        live = sum(1 for e in self.entries.values() if e.token_id == token_id)
+        return live + self.pending.get(token_id, 0)
+
+    @asynccontextmanager
+    async def slot(self, token: Token) -> AsyncIterator[None]:
+        """Reserve room for one more sandbox of ``token`` while it is created."""
+        await self.reap()
+        if self.closed:
+            raise Refused(503, "runtime_unavailable", "the server is shutting down")
+        used = self.count(token.id)
+        if used >= token.ceiling.max_sandboxes:
+            raise Refused(
+                429,
+                "quota",
+                f"this token already has {used} of at most {token.ceiling.max_sandboxes} sandboxes; "
+                "destroy one first",
+            )
+        self.pending[token.id] = self.pending.get(token.id, 0) + 1
+        try:
+            yield
+        finally:
+            self.pending[token.id] -= 1
+            if not self.pending[token.id]:
+                del self.pending[token.id]
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def admit(
+        self,
+        tenant: Tenant,
+        demand: Resources,
+        *,
+        band: int | None = None,
+        max_wait: float = 0.0,
+        on_update: Callable[[Position], Awaitable[None]] | None = None,
+        client_gone: Callable[[], Awaitable[object]] | None = None,
+    ) -> Grant:
+        """Wait for ``tenant``'s turn to hold ``demand`` (see :mod:`agentnest.server.admission`).
+
+        Returns as soon as ``client_gone`` does (the client disconnected), with
+        the request dropped from the queue at once.
+
+        Raises:
+            AdmissionRefusedError: not admitted within ``max_wait`` (429, with reason and Retry-After).
+            PolicyDeniedError: it can never fit the tenant or the server (403).
+        """
+        await self.capacity()
+        try:
+            ticket = self.admission.submit(tenant, demand, band=band, max_wait=max_wait)
+            if ticket.future.done():
+                return ticket.future.result()
+            waiting = asyncio.ensure_future(self.admission.wait(ticket, on_update))
+            if client_gone is None:
+                return await waiting
+            watcher = asyncio.ensure_future(client_gone())
+            try:
+                await asyncio.wait((waiting, watcher), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watcher.cancel()
+                if not waiting.done():
+                    waiting.cancel()  # the queue entry goes at once (Admission.wait's cleanup)
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await waiting
+            if waiting.cancelled():
+                raise Refused(499, "client_gone", "the client went away while its create was queued")
+            return waiting.result()
+        except Rejected as exc:
+            if exc.status == 403:
+                raise PolicyDeniedError(exc.detail) from None
+            raise AdmissionRefusedError(exc.detail, exc.reason, exc.retry_after) from None
+
+    async def create(
+        self,
+        token: Token,
+        body: s.CreateSandbox,
+        *,
+        on_update: Callable[[Position], Awaitable[None]] | None = None,
+        client_gone: Callable[[], Awaitable[object]] | None = None,
+    ) -> Entry:
+        ceiling = token.ceiling
+        tenant = self.tenant_of(token)
+        allowed_backends = ceiling.backends or (self.default_backend,)
+        backend_name = body.backend or (
+            self.default_backend if self.default_backend in allowed_backends else allowed_backends[0]
+        )
+        if backend_name not in allowed_backends:
+            raise PolicyDeniedError(
+                f"backend {backend_name!r} is beyond this token's ceiling; "
+                f"it may use {list(allowed_backends)}"
+            )
+        backend = self.backends.get(backend_name)
+        if backend is None:
+            raise ConfigurationError(f"this server has no backend {backend_name!r}; GET /v1/info lists them")
+        image = body.image or self.image
+        if not ceiling.allows_image(image, self.image):
+            allowed = list(ceiling.images) or [self.image]
+            raise PolicyDeniedError(f"image {image!r} is beyond this token's ceiling; allowed: {allowed}")
+        if body.timeout is not None and body.timeout > ceiling.max_timeout:
+            raise PolicyDeniedError(
+                f"timeout {body.timeout:g}s is beyond this token's max_timeout {ceiling.max_timeout:g}s"
+            )
+        if body.timeout is not None and body.timeout > tenant.max_lifetime:
+            raise PolicyDeniedError(
+                f"timeout {body.timeout:g}s is beyond tenant {tenant.name!r}'s max_lifetime "
+                f"{tenant.max_lifetime:g}s"
+            )
+        timeout = body.timeout or min(
+            self.settings.default_lifetime, ceiling.max_timeout, tenant.max_lifetime
+        )
+        max_wait = tenant.default_wait if body.max_wait is None else body.max_wait
+        if max_wait > tenant.max_wait:
+            raise PolicyDeniedError(
+                f"max_wait {max_wait:g}s is beyond tenant {tenant.name!r}'s ceiling of {tenant.max_wait:g}s; "
+                "ask for less"
+            )
+        band = None if body.priority is None else BANDS.index(body.priority)
+        if band is not None and band < tenant.band:
+            raise PolicyDeniedError(
+                f"priority {body.priority!r} is above tenant {tenant.name!r}'s band {tenant.priority!r}"
+            )
+        if not body.read_only_root and not ceiling.writable_root:
+            raise PolicyDeniedError("a writable root filesystem is beyond this token's ceiling")
+        network = self._network(token, body.network)
+        policy = self._policy(token, body.policy, network, image)
+        memory = parse_size(body.memory, "memory") if body.memory is not None else None
+        workspace = parse_size(body.workspace_size, "workspace_size") if body.workspace_size else None
+        if workspace is not None and workspace > ceiling.max_workspace:
+            raise PolicyDeniedError(
+                f"workspace_size {workspace} is beyond this token's max_workspace {ceiling.max_workspace}"
+            )
+        environment: dict[str, str | Secret] = dict(body.environment)
+        for name, value in body.secrets.items():
+            environment[name] = Secret(value)
+        for name, value in body.secret_files.items():
+            environment[name] = Secret(value, as_file=True)
+        # What the client did not ask for defaults to the smaller of the
+        # usual default and the ceiling: not asking is never "asking for more".
+        # The tmpfs sizes follow the memory (they live in it).
+        memory = memory if memory is not None else min(_DEFAULTS.memory, ceiling.max_memory)
+        if workspace is None:
+            workspace = min(_DEFAULTS.workspace, ceiling.max_workspace, memory // 2)
+        scratch = body.scratch_size if body.scratch_size is not None else min(_DEFAULTS.scratch, memory // 8)
+        cpus = body.cpus if body.cpus is not None else min(_DEFAULTS.cpus, ceiling.max_cpus)
+        async with self.slot(token):
+            grant = await self.admit(
+                tenant,
+                Resources(1, memory, cpus),
+                band=band,
+                max_wait=max_wait,
+                on_update=on_update,
+                client_gone=client_gone,
+            )
+
+            async def start() -> Entry:
+                try:
+                    sandbox = await AsyncSandbox.create(
+                        image,
+                        timeout,
+                        environment=environment,
+                        workdir=body.workdir,
+                        memory=memory,
+                        cpus=cpus,
+                        pids=body.pids if body.pids is not None else min(_DEFAULTS.pids, ceiling.max_pids),
+                        workspace_size=workspace,
+                        scratch_size=scratch,
+                        backend=backend,
+                        read_only_root=body.read_only_root,
+                        security_policy=policy,
+                        observers=self.settings.observers,
+                    )
+                except BaseException:
+                    self.admission.release(grant)
+                    raise
+                entry = Entry(token.id, sandbox, backend_name, grant)
+                self.entries[sandbox.id] = entry
+                return entry
+
+            # Once admitted, the start runs to its end even if the client goes away: the
+            # sandbox is then the token's (listed, reaped at its deadline), never a stray.
+            return await asyncio.shield(asyncio.ensure_future(start()))
+
+    def _network(self, token: Token, asked: s.NetworkIn) -> NetworkPolicy:
+        ceiling = token.ceiling
+        if asked.mode not in ceiling.network:
+            raise PolicyDeniedError(
+                f"network mode {asked.mode!r} is beyond this token's ceiling; "
+                f"it may use {list(ceiling.network)}"
+            )
+        if asked.mode == NetworkMode.ALLOWLIST.value:
+            for domain in asked.domains:
+                name = domain.lower().rstrip(".")
+                if not ceiling.allows_domain(name):
+                    raise PolicyDeniedError(
+                        f"allowlist domain {domain!r} is beyond this token's ceiling "
+                        f"(allowed patterns: {list(ceiling.domains)})"
+                    )
+                # With subdomains a listed name also admits every name below it
+                # (NetworkPolicy.subdomains): the ceiling must admit those as it
+                # would admit the pattern '*.name'.  An address or a one-label
+                # name admits only itself.
+                below = "." in name and not name.startswith("*.") and parse_ip(name) is None
+                if asked.subdomains and below and not ceiling.allows_domain("*." + name):
+                    raise PolicyDeniedError(
+                        f"allowlist domain {domain!r} with the names below it is beyond this token's "
+                        f"ceiling (allowed patterns: {list(ceiling.domains)}); ask with subdomains=false "
+                        "for exactly that name"
+                    )
+            return NetworkPolicy.allowlist(
+                domains=tuple(asked.domains), ports=tuple(asked.ports), subdomains=asked.subdomains
+            )
+        if asked.domains:
+            raise ConfigurationError(f"domains only go with network mode 'allowlist', not {asked.mode!r}")
+        return NetworkPolicy.open() if asked.mode == NetworkMode.OPEN.value else NetworkPolicy.denied()
+
+    def _policy(self, token: Token, asked: s.PolicyIn, network: NetworkPolicy, image: str) -> SecurityPolicy:
+        ceiling = token.ceiling
+        for name in ("max_output_bytes", "max_file_bytes"):
+            value = getattr(asked, name)
+            if value is not None and value > getattr(ceiling, name):
+                raise PolicyDeniedError(
+                    f"{name} {value} is beyond this token's ceiling {getattr(ceiling, name)}"
+                )
+        return SecurityPolicy(
+            network=network,
+            max_output_bytes=asked.max_output_bytes or ceiling.max_output_bytes,
+            max_file_bytes=asked.max_file_bytes or ceiling.max_file_bytes,
+            require_image_digest=asked.require_image_digest,
+            # Forks inherit this policy: the guard itself holds them to the ceiling.
+            allowed_images=tuple(ceiling.images) or (self.image,),
+            read_only_root=not ceiling.writable_root,
+            max_memory=ceiling.max_memory,
+            max_cpus=ceiling.max_cpus,
+            max_pids=ceiling.max_pids,
+            max_timeout=ceiling.max_timeout,
+        )
+
+    async def fork(self, token: Token, parent: Entry, timeout: float | None) -> Entry:
+        """A copy of ``parent`` for ``token``: admitted like a create, without waiting."""
+        limits = parent.sandbox.config.limits
+        async with self.slot(token):
+            grant = await self.admit(self.tenant_of(token), Resources(1, limits.memory, limits.cpus))
+            try:
+                child = await parent.sandbox.fork(timeout=timeout)
+            except BaseException:
+                self.admission.release(grant)
+                raise
+            entry = Entry(token.id, child, parent.backend_name, grant)
+            self.entries[child.id] = entry
+        return entry
+
+    async def destroy(self, entry: Entry) -> None:
+        self.entries.pop(entry.sandbox.id, None)
+        self.admission.release(entry.grant)
+        for session in list(entry.sessions.values()):
+            try:
+                await session.close()
+            except AgentNestError:
+                pass  # the sandbox goes next, its sessions with it
+        entry.sessions.clear()
+        try:
+            await entry.sandbox.destroy()
+        except AgentNestError as exc:
+            # Already gone, or the engine failed: its deadline stops it anyway.
+            log.warning("destroying sandbox %s: %s", entry.sandbox.id, exc)
+
+    async def reap(self) -> None:
+        """Destroy the sandboxes past their deadline (they stopped themselves already)."""
+        now = time.time()
+        expired = [e for e in self.entries.values() if e.sandbox.deadline <= now]
+        for entry in expired:
+            await self.destroy(entry)
+
+    async def close(self) -> None:
+        self.closed = True
+        entries = list(self.entries.values())
+        async with anyio.create_task_group() as tg:
+            for entry in entries:
+                tg.start_soon(self.destroy, entry)
+        if self._work_dir is not None and self.settings.work_dir is None:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+            self._work_dir = None
+
+    # -- descriptions ------------------------------------------------------------
+
+    async def describe(self, entry: Entry) -> s.SandboxOut:
+        sandbox = entry.sandbox
+        config = sandbox.config
+        backend = sandbox.backend
+        handle = handle_of(sandbox)
+
+        def state() -> tuple[bool, str | None]:
+            if sandbox.destroyed:
+                return False, "it was destroyed"
+            running = backend.is_running(handle)
+            return running, None if running else backend.exit_reason(handle)
+
+        running, reason = await anyio.to_thread.run_sync(state)
+        return s.SandboxOut(
+            id=sandbox.id,
+            image=config.image,
+            backend=entry.backend_name,
+            oci_runtime=backend.oci_runtime,
+            created=entry.created,
+            deadline=sandbox.deadline,
+            expires_in=max(0.0, round(sandbox.deadline - time.time(), 3)),
+            running=running,
+            memory=config.limits.memory,
+            cpus=config.limits.cpus,
+            pids=config.limits.pids,
+            network=config.network.mode.value,
+            read_only_root=config.read_only_root,
+            exit_reason=reason,
+        )
