@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
-import random
 import shutil
 import tempfile
 import threading
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..runtime.docker.egress import DEFAULT_SUBNETS, draw_subnets
 from .kubecluster import ClusterState, Node, parse_quantity
 
 __all__ = ["DockerNode", "PodNetwork", "pod_network"]
@@ -50,7 +50,7 @@ __all__ = ["DockerNode", "PodNetwork", "pod_network"]
 LABEL = "agentnest.kubedouble"
 #: Where link networks are drawn from: RFC 2544's benchmarking range (as the
 #: Docker backend's egress networks; a clash is drawn again).
-LINK_SUBNETS = ipaddress.IPv4Network("198.18.0.0/15")
+LINK_SUBNETS = ipaddress.IPv4Network(DEFAULT_SUBNETS)
 #: The cluster DNS address written into pods' resolv.conf (dnsPolicy
 #: ClusterFirst); nothing answers there, as no DNS runs in the double.
 CLUSTER_DNS = "10.96.0.10"
@@ -461,11 +461,8 @@ class DockerNode(Node):
             return
         except docker.errors.NotFound:
             pass
-        rng = random.SystemRandom()
-        count = 2 ** (29 - LINK_SUBNETS.prefixlen)
         last = ""
-        for _ in range(16):
-            subnet = ipaddress.IPv4Network((int(LINK_SUBNETS.network_address) + rng.randrange(count) * 8, 29))
+        for subnet in draw_subnets(LINK_SUBNETS):
             try:
                 self.client.networks.create(
                     name,

@@ -21,6 +21,7 @@ from agentnest.runtime.docker.egress import (
     DEFAULT_SUBNETS,
     EgressLog,
     EgressTopology,
+    draw_subnets,
     proxy_command,
     read_events,
 )
@@ -216,6 +217,15 @@ class _Pipe:
 
     def read(self, n: int) -> bytes:
         return bytes(self.f.read1(n))
+
+
+def test_subnets_are_drawn_as_aligned_29s_inside_the_pool_a_bounded_number_of_times() -> None:
+    pool = ipaddress.IPv4Network(DEFAULT_SUBNETS)
+    drawn = list(draw_subnets(pool))
+    assert len(drawn) == 16
+    assert all(s.prefixlen == 29 and s.subnet_of(pool) for s in drawn)  # aligned by construction
+    only = ipaddress.IPv4Network("10.9.8.0/29")
+    assert list(draw_subnets(only)) == [only] * 16  # a /29 pool holds one
 
 
 # -- spec and capabilities -----------------------------------------------------------

@@ -36,7 +36,7 @@ import ipaddress
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...channel.streams import DockerMuxStream
@@ -57,6 +57,8 @@ PROXY_PORT = 3128
 DEFAULT_SUBNETS = "198.18.0.0/15"
 #: One sandbox, one proxy, the (address-less) gateway: a /29 holds them.
 _PREFIX = 29
+#: How many subnets a network creation draws before it gives up.
+_DRAWS = 16
 #: How long ``create`` waits for the proxy to listen.
 READY_TIMEOUT = 30.0
 #: ``NO_PROXY`` in the sandbox: its own loopback only.
@@ -96,6 +98,19 @@ def read_events(stream: DockerMuxStream, log: EgressLog) -> None:
     finally:
         log.closed.set()
         log.ready.set()  # wake a waiter: ``closed`` says the proxy ended
+
+
+def draw_subnets(pool: ipaddress.IPv4Network) -> Iterator[ipaddress.IPv4Network]:
+    """Random ``/29`` subnets of ``pool`` (a ``/29`` or larger), a fresh one each, a bounded number.
+
+    For a network created on a subnet chosen here: try one, and on an
+    overlap with an existing network take the next.
+    """
+    count = 2 ** (_PREFIX - pool.prefixlen)
+    size = 2 ** (32 - _PREFIX)
+    rng = random.SystemRandom()
+    for _ in range(_DRAWS):
+        yield ipaddress.IPv4Network((int(pool.network_address) + rng.randrange(count) * size, _PREFIX))
 
 
 # -- topology ----------------------------------------------------------------------
@@ -191,11 +206,8 @@ class EgressTopology:
             raise ConfigurationError(
                 f"egress_subnets={self.subnets!r} must be an IPv4 range of /{_PREFIX} or larger"
             )
-        count = 2 ** (_PREFIX - pool.prefixlen)
-        rng = random.SystemRandom()
         last_error = ""
-        for _ in range(16):
-            subnet = ipaddress.IPv4Network((int(pool.network_address) + rng.randrange(count) * 8, _PREFIX))
+        for subnet in draw_subnets(pool):
             gateway = str(subnet.network_address + 1)
             try:
                 with map_docker_errors("creating the sandbox's egress network"):
@@ -376,4 +388,4 @@ def _remove_container(api: Any, cid: str) -> None:
                 raise
 
 
-__all__ = ["DEFAULT_SUBNETS", "PROXY_PORT", "EgressLog", "EgressTopology", "proxy_command"]
+__all__ = ["DEFAULT_SUBNETS", "PROXY_PORT", "EgressLog", "EgressTopology", "draw_subnets", "proxy_command"]
