@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..config import parse_size
 from ..errors import ConfigurationError
 from ._output import Commands, add_command, int_in, positive_float, print_table
 
@@ -59,6 +60,31 @@ def register(commands: Commands) -> None:
         metavar="N",
         help="live sandboxes, all tokens (default 64)",
     )
+    parser.add_argument(
+        "--capacity-memory",
+        metavar="SIZE",
+        help="memory all sandboxes may hold together (default: what the backend reports, e.g. docker info)",
+    )
+    parser.add_argument(
+        "--capacity-cpus",
+        type=positive_float,
+        metavar="N",
+        help="CPUs all sandboxes may hold together (default: what the backend reports)",
+    )
+    parser.add_argument(
+        "--aging",
+        type=positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a queued create moves up one priority band after this long (default 30)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=_count,
+        default=4096,
+        metavar="N",
+        help="creates waiting at once, all tenants (default 4096)",
+    )
     parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate")
     parser.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key")
     parser.add_argument(
@@ -71,7 +97,7 @@ def register(commands: Commands) -> None:
     parser.add_argument("--openapi", action="store_true", help="print the OpenAPI document and exit")
     parser.set_defaults(handler=handle)
 
-    sub = parser.add_subparsers(dest="serve_command", metavar="token", title="token management")
+    sub = parser.add_subparsers(dest="serve_command", metavar="token|tenant", title="management")
     token = sub.add_parser(
         "token",
         help="create, list or revoke tokens",
@@ -115,6 +141,12 @@ def register(commands: Commands) -> None:
     )
     create.add_argument("--writable-root", action="store_true", help="it may ask for a writable root")
     create.add_argument("--expires-in", type=positive_float, metavar="SECONDS", help="the token expires then")
+    create.add_argument(
+        "--tenant", default="default", metavar="NAME", help="the tenant it belongs to (default: default)"
+    )
+    create.add_argument(
+        "--admin", action="store_true", help="it may manage tenants over the HTTP API (/v1/tenants)"
+    )
     create.add_argument("--json", action="store_true", help="print the token as JSON")
     create.set_defaults(handler=handle_create)
 
@@ -138,6 +170,138 @@ def register(commands: Commands) -> None:
     _tokens_option(revoke)
     revoke.add_argument("token", metavar="ID_OR_NAME")
     revoke.set_defaults(handler=handle_revoke)
+
+    _register_tenants(sub)
+
+
+_TENANTS_HELP = """\
+A tenant is a team or an application sharing the server.  Each token belongs
+to one (`default` unless `token create --tenant` says otherwise); a tenant's
+caps bound what all its tokens hold together, its weight is its share when
+tenants compete, and its band (high, normal, low) orders the admission queue.
+Tenants live in the token file; a running server applies changes at once.
+
+examples:
+  agentnest serve tenant create team-a --weight 2 --max-sandboxes 20 --max-memory 16g
+  agentnest serve token create --name a-ci --tenant team-a
+  agentnest serve tenant update team-a --rate 10 --burst 20
+  agentnest serve tenant list
+  agentnest serve tenant delete team-a
+"""
+
+
+def _tenant_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weight", type=positive_float, help="its share when tenants compete (default 1)")
+    parser.add_argument("--priority", choices=("high", "normal", "low"), help="its band (default normal)")
+    parser.add_argument("--max-sandboxes", type=_count_or_zero, metavar="N", help="held at once (default 16)")
+    parser.add_argument("--max-memory", metavar="SIZE", help="memory held at once (default 16g)")
+    parser.add_argument("--max-cpus", type=positive_float, metavar="N", help="CPUs held at once (default 16)")
+    parser.add_argument(
+        "--max-lifetime", type=positive_float, metavar="SECONDS", help="longest sandbox (default 86400)"
+    )
+    parser.add_argument("--rate", type=positive_float, metavar="N", help="creates per second (default 5)")
+    parser.add_argument(
+        "--burst", type=_count, metavar="N", help="creates at once after a pause (default 10)"
+    )
+    parser.add_argument("--max-queued", type=_count_or_zero, metavar="N", help="waiting at once (default 64)")
+    parser.add_argument(
+        "--default-wait",
+        type=_seconds,
+        metavar="SECONDS",
+        help="queue wait when a create names none (default 30)",
+    )
+    parser.add_argument(
+        "--max-wait",
+        type=_seconds,
+        metavar="SECONDS",
+        help="the longest wait a create may ask for (default 300)",
+    )
+
+
+_TENANT_FIELDS = (
+    "weight",
+    "priority",
+    "max_sandboxes",
+    "max_memory",
+    "max_cpus",
+    "max_lifetime",
+    "rate",
+    "burst",
+    "max_queued",
+    "default_wait",
+    "max_wait",
+)
+
+
+def _register_tenants(sub: Any) -> None:
+    tenant = sub.add_parser(
+        "tenant",
+        help="create, list, update or delete tenants",
+        description="Manage the server's tenants (stored in the token file).",
+        epilog=_TENANTS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = tenant.add_subparsers(dest="tenant_command", metavar="ACTION", required=True)
+    create = _action(actions, "create", "create a tenant", _TENANTS_HELP)
+    _tokens_option(create)
+    create.add_argument("name", help="lowercase letters, digits and '-' (a DNS label)")
+    _tenant_options(create)
+    create.set_defaults(handler=handle_tenant_create)
+    update = _action(actions, "update", "change some of a tenant's settings", _TENANTS_HELP)
+    _tokens_option(update)
+    update.add_argument("name")
+    _tenant_options(update)
+    update.set_defaults(handler=handle_tenant_update)
+    listing = _action(actions, "list", "list the tenants", _TENANTS_HELP)
+    _tokens_option(listing)
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(handler=handle_tenant_list)
+    delete = _action(actions, "delete", "delete a tenant no token belongs to", _TENANTS_HELP)
+    _tokens_option(delete)
+    delete.add_argument("name")
+    delete.set_defaults(handler=handle_tenant_delete)
+
+
+def _tenant_changes(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in _TENANT_FIELDS if getattr(args, name) is not None}
+
+
+def handle_tenant_create(args: argparse.Namespace) -> int:
+    from ..server.tenants import Tenant
+
+    tenant = _store(args).create_tenant(Tenant.from_dict({"name": args.name, **_tenant_changes(args)}))
+    print(f"tenant {tenant.name}: {tenant.describe()}", file=sys.stderr)
+    return 0
+
+
+def handle_tenant_update(args: argparse.Namespace) -> int:
+    changes = _tenant_changes(args)
+    if not changes:
+        raise ConfigurationError("nothing to change: pass at least one option (see --help)")
+    tenant = _store(args).update_tenant(args.name, changes)
+    print(f"tenant {tenant.name}: {tenant.describe()}", file=sys.stderr)
+    return 0
+
+
+def handle_tenant_list(args: argparse.Namespace) -> int:
+    store = _store(args)
+    tenants = store.tenants()
+    if args.json:
+        print(json.dumps([t.to_dict() for t in tenants], indent=1))
+        return 0
+    tokens: dict[str, int] = {}
+    for token in store.list():
+        tokens[token.tenant] = tokens.get(token.tenant, 0) + 1
+    print_table(
+        ["NAME", "TOKENS", "SETTINGS"], [[t.name, str(tokens.get(t.name, 0)), t.describe()] for t in tenants]
+    )
+    return 0
+
+
+def handle_tenant_delete(args: argparse.Namespace) -> int:
+    tenant = _store(args).delete_tenant(args.name)
+    print(f"deleted tenant {tenant.name}", file=sys.stderr)
+    return 0
 
 
 _TOKENS_HELP = """\
@@ -184,6 +348,17 @@ def _tokens_option(parser: argparse.ArgumentParser) -> None:
 #: Port (0: any free one) and count option types.
 _port = int_in(0, 65535, "a port number")
 _count = int_in(1, 100_000)
+
+
+def _seconds(text: str) -> float:
+    """A queue wait: 0 to 600 seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not from 0 to 600 seconds")
+    return value
 
 
 def _count_or_zero(text: str) -> int:
@@ -233,6 +408,12 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         image=args.image,
         max_sandboxes=args.max_sandboxes,
         observers=tuple(observers),
+        capacity_memory=None
+        if args.capacity_memory is None
+        else parse_size(args.capacity_memory, "--capacity-memory"),
+        capacity_cpus=args.capacity_cpus,
+        aging=args.aging,
+        max_queue=args.max_queue,
     )
 
 
@@ -298,14 +479,17 @@ def handle_create(args: argparse.Namespace) -> int:
         writable_root=args.writable_root,
     )
     store = _store(args)
-    token, secret = store.create(args.name, ceiling, expires_in=args.expires_in)
+    token, secret = store.create(
+        args.name, ceiling, expires_in=args.expires_in, tenant=args.tenant, admin=args.admin
+    )
     if args.json:
         print(json.dumps({**token.to_dict(), "secret": secret}, indent=1))
     else:
         print(secret)
         print(
-            f"token {token.id} ({token.name}) stored hashed in {store.path}; the secret above is shown "
-            f"only now.  Ceiling: {ceiling.describe()}",
+            f"token {token.id} ({token.name}, tenant {token.tenant}{', admin' if token.admin else ''}) "
+            f"stored hashed in {store.path}; the secret above is shown only now.  "
+            f"Ceiling: {ceiling.describe()}",
             file=sys.stderr,
         )
     return 0
@@ -325,8 +509,8 @@ def handle_list(args: argparse.Namespace) -> int:
             expires = "EXPIRED"
         else:
             expires = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.expires))
-        rows.append([t.id, t.name, expires, t.ceiling.describe()])
-    print_table(["ID", "NAME", "EXPIRES", "CEILING"], rows)
+        rows.append([t.id, t.name, t.tenant + (" (admin)" if t.admin else ""), expires, t.ceiling.describe()])
+    print_table(["ID", "NAME", "TENANT", "EXPIRES", "CEILING"], rows)
     return 0
 
 
