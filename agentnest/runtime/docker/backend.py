@@ -706,13 +706,15 @@ class DockerBackend(RuntimeBackend):
         return None
 
     def capacity(self) -> tuple[int | None, float | None]:
-        """The engine host's memory and CPUs (``docker info``): what its sandboxes share."""
-        info = self.engine_info()
-        memory, cpus = info.get("MemTotal"), info.get("NCPU")
-        return (
-            memory if isinstance(memory, int) and memory > 0 else None,
-            float(cpus) if isinstance(cpus, int) and cpus > 0 else None,
-        )
+        """The engine host's memory (``docker info``); CPUs are not a capacity here.
+
+        Memory limits that add up past the host's memory end in the kernel's OOM
+        killer, so they are a real bound.  A ``--cpus`` limit is a ceiling on a
+        time-shared resource: more of them than the host has cores only slows
+        sandboxes down, so the operator's ``--capacity-cpus`` is the only CPU bound.
+        """
+        memory = self.engine_info().get("MemTotal")
+        return (memory if isinstance(memory, int) and memory > 0 else None), None
 
     def logs(self, handle: SandboxHandle, tail: int = 200) -> str:
         import docker.errors
