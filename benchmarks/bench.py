@@ -82,6 +82,7 @@ from harness import (  # noqa: E402
 )
 from kube import bench_kube  # noqa: E402
 from live import bench_live  # noqa: E402
+from manager import bench_manager  # noqa: E402
 
 import agentnest  # noqa: E402
 from agentnest import Sandbox, SandboxPool, SecurityPolicy  # noqa: E402
@@ -1155,6 +1156,7 @@ def run_backend(
         ("E", "egress allowlist", lambda: bench_egress(backend, plan)),
         ("D", "disk workspaces: host disk", lambda: bench_disk(backend, plan)),
         ("K", "kubernetes backend (cluster double)", lambda: bench_kube(backend, plan)),
+        ("M", "manager: admission", lambda: bench_manager(backend, plan)),
     ]
     results: list[Result] = []
     for key, name, step in steps:

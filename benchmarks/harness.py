@@ -105,6 +105,10 @@ class Series:
     def p95(self) -> float | None:
         return self._show(percentile(self.samples, 95)) if self.samples else None
 
+    @property
+    def p99(self) -> float | None:
+        return self._show(percentile(self.samples, 99)) if self.samples else None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "label": self.label,
@@ -112,6 +116,7 @@ class Series:
             "n": self.n,
             "p50": self.p50,
             "p95": self.p95,
+            "p99": self.p99,
             "work": self.work,
             "samples": self.samples,
         }
@@ -119,7 +124,7 @@ class Series:
 
 @dataclass(frozen=True)
 class Target:
-    """A goal from the issue: ``ratio_le`` (ours/floor <=), ``p50_le`` or ``p50_ge``."""
+    """A goal from the issue: ``ratio_le`` (ours/floor <=), ``p50_le``, ``p50_ge`` or ``p99_le``."""
 
     kind: str
     value: float
@@ -127,11 +132,16 @@ class Target:
     def text(self, unit: str) -> str:
         if self.kind == "ratio_le":
             return f"p50 <= {self.value:g}x floor"
+        if self.kind == "p99_le":
+            return f"p99 <= {self.value:g} {unit}"
         op = "<=" if self.kind == "p50_le" else ">="
         return f"p50 {op} {self.value:g} {unit}"
 
     def check(self, result: Result) -> bool | None:
         p50 = result.ours.p50
+        if self.kind == "p99_le":
+            p99 = result.ours.p99
+            return None if p99 is None else p99 <= self.value
         if self.kind == "ratio_le":
             ratio = result.ratio
             return None if ratio is None else ratio <= self.value
@@ -194,7 +204,7 @@ def fmt(value: float | None, unit: str) -> str:
 
 
 def fmt_series(s: Series) -> str:
-    return f"n={s.n} p50={fmt(s.p50, s.unit)} p95={fmt(s.p95, s.unit)}"
+    return f"n={s.n} p50={fmt(s.p50, s.unit)} p95={fmt(s.p95, s.unit)} p99={fmt(s.p99, s.unit)}"
 
 
 def report(result: Result) -> None:

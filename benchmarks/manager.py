@@ -1,0 +1,82 @@
+"""Step M: the manager (``agentnest serve``): admission between tenants (issue 14's targets).
+
+- M1: one admission decision with 1,000 requests queued across 50 tenants: a
+  sandbox is released and the dispatcher picks the next request by band,
+  weighted dominant share and age, then a new request joins (the queue stays at
+  1,000).  Pure logic on one event loop, no engine.  Target: p99 <= 2 ms.
+- M2: a create joining that queue (``submit``: caps, queue bounds, one dispatch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from harness import Plan, Result, Series, Target
+
+from agentnest.server.admission import Admission, Grant, Resources
+from agentnest.server.tenants import BANDS, Tenant
+
+TENANTS = 50
+QUEUED = 1000
+GIB = 1 << 30
+
+
+async def _decisions(samples: int) -> tuple[Series, Series]:
+    rng = random.Random(14)
+    tenants = [
+        Tenant(
+            f"t{i:02d}",
+            weight=rng.choice((1.0, 1.0, 2.0, 4.0)),
+            priority=BANDS[i % 3],
+            max_sandboxes=1000,
+            max_memory=1000 * GIB,
+            max_cpus=1000.0,
+            rate=1e6,
+            burst=1_000_000,
+            max_queued=QUEUED,
+        )
+        for i in range(TENANTS)
+    ]
+    one = Resources(1, GIB // 2, 1.0)
+    capacity = 200
+    adm = Admission(Resources(capacity, capacity * GIB, float(capacity)), max_queue=QUEUED * 2)
+    held: list[Grant] = []
+    for i in range(capacity):  # the server is full
+        held.append(await adm.acquire(tenants[i % TENANTS], one, max_wait=0))
+    tickets = [adm.submit(tenants[i % TENANTS], one, max_wait=600) for i in range(QUEUED)]
+    assert adm.queued == QUEUED
+    decide = Series(f"release + dispatch, {QUEUED} queued / {TENANTS} tenants", "ms")
+    join = Series("submit into the full queue", "ms")
+    for _ in range(samples):
+        victim = held.pop(rng.randrange(len(held)))
+        t0 = time.perf_counter()
+        adm.release(victim)
+        decide.samples.append(time.perf_counter() - t0)
+        granted = [t for t in tickets if t.future.done()]
+        assert len(granted) == 1, "one release admits exactly one request"
+        tickets.remove(granted[0])
+        held.append(granted[0].future.result())
+        t0 = time.perf_counter()
+        tickets.append(adm.submit(tenants[rng.randrange(TENANTS)], one, max_wait=600))
+        join.samples.append(time.perf_counter() - t0)
+    for ticket in tickets:
+        ticket.future.cancel()
+    return decide, join
+
+
+def bench_manager(backend: str, plan: Plan) -> list[Result]:
+    """M1 (admission decision), M2 (joining the queue)."""
+    samples = 500 if plan.quick else 3000
+    decide, join = asyncio.run(_decisions(samples))
+    return [
+        Result(
+            backend,
+            "M1",
+            "admission decision (1,000 queued, 50 tenants)",
+            decide,
+            target=Target("p99_le", 2.0),
+        ),
+        Result(backend, "M2", "admission: a create joins the queue", join),
+    ]
