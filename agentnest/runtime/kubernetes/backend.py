@@ -50,6 +50,7 @@ from ..bootstrap import command as bootstrap_command
 from ..egresslog import EgressLog
 from ..owner import owner
 from . import manifests, netcheck
+from .egress import ProxyLogFollower
 from .lint import check
 from .netcheck import Outcome
 from .spec import KubernetesSpec
@@ -263,8 +264,6 @@ class KubernetesBackend(RuntimeBackend):
         """Wait for the (already created) proxy pod to run; follow its log for events."""
         import ipaddress
 
-        from .egress import ProxyLogFollower
-
         name = manifests.proxy_pod_name(sandbox_id)
         if ("Pod", name) not in created:  # pragma: no cover - render's order
             raise BackendError(f"the egress proxy pod {name} was not created before its sandbox")
@@ -472,7 +471,7 @@ class KubernetesBackend(RuntimeBackend):
 class _Egress:
     """The egress proxy pod of one sandbox being created: its address and its event log."""
 
-    def __init__(self, pod: str, proxy_ip: str, log: EgressLog, follower: Any) -> None:
+    def __init__(self, pod: str, proxy_ip: str, log: EgressLog, follower: ProxyLogFollower) -> None:
         self.pod = pod
         self.proxy_ip = proxy_ip
         self.log = log
