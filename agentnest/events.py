@@ -46,6 +46,7 @@ class EventType(str, enum.Enum):
     SANDBOX_FORKED = "sandbox.forked"
     SANDBOX_PAUSED = "sandbox.paused"
     SANDBOX_RESUMED = "sandbox.resumed"
+    LEASE_EXPIRED = "sandbox.lease_expired"
 
     # 0.3.0 names, aliases of the members above (``EventType.CREATED is
     # EventType.SANDBOX_CREATED``).  0.3.0's execution events were

@@ -150,6 +150,10 @@ class RemoteBackend(RuntimeBackend):
             create not admitted in time raises
             :class:`~agentnest.errors.AdmissionRefusedError` with its
             ``reason`` and ``retry_after``.
+        lease: when the server may reap the sandbox before its deadline:
+            ``"deadline"`` (never), ``"idle"`` (after ``idle_timeout`` seconds
+            without a call), or ``"session"`` (once this client's agent
+            channels are all closed, e.g. the process died).
 
     Raises:
         ConfigurationError: no URL or token, or plain HTTP to a remote host.
@@ -167,6 +171,8 @@ class RemoteBackend(RuntimeBackend):
         timeout: float = DEFAULT_TIMEOUT,
         allow_insecure: bool = False,
         max_wait: float | None = None,
+        lease: str = "deadline",
+        idle_timeout: float | None = None,
     ) -> None:
         url = url or os.environ.get("AGENTNEST_REMOTE_URL")
         if max_wait is not None and (
@@ -174,6 +180,12 @@ class RemoteBackend(RuntimeBackend):
         ):
             raise ConfigurationError(f"max_wait={max_wait!r} must be 0 to 600 seconds")
         self.max_wait = max_wait
+        if lease not in ("deadline", "idle", "session"):
+            raise ConfigurationError(f"lease={lease!r} must be 'deadline', 'idle' or 'session'")
+        if idle_timeout is not None and lease != "idle":
+            raise ConfigurationError("idle_timeout goes with lease='idle' only")
+        self.lease = lease
+        self.idle_timeout = idle_timeout
         token = token or os.environ.get("AGENTNEST_REMOTE_TOKEN")
         if not url:
             raise ConfigurationError(
@@ -332,6 +344,10 @@ class RemoteBackend(RuntimeBackend):
         }
         if self.max_wait is not None:
             body["max_wait"] = self.max_wait
+        if self.lease != "deadline":
+            body["lease"] = self.lease
+        if self.idle_timeout is not None:
+            body["idle_timeout"] = self.idle_timeout
         # A queued create may wait up to max_wait on the server before it answers.
         read = self._timeout + (self.max_wait if self.max_wait is not None else 600.0)
         made = self._call("POST", "/v1/sandboxes", json=body, timeout=read).json()

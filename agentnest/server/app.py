@@ -50,7 +50,7 @@ from starlette.exceptions import HTTPException
 
 from .._version import __version__
 from ..agent.wire import WireError
-from ..aio import AsyncExecutionStream, AsyncPythonSession
+from ..aio import AsyncExecutionStream, AsyncPythonSession, AsyncSandbox
 from ..config import ExecutionResult
 from ..errors import (
     AdmissionRefusedError,
@@ -68,6 +68,7 @@ from .service import (
     MAX_CHANNELS,
     MAX_SESSIONS,
     Entry,
+    Lease,
     Refused,
     ServerSettings,
     Service,
@@ -102,6 +103,15 @@ class ExecRequest(s.ExecIn):
         if len(given) != 1:
             raise ValueError("give exactly one of argv, shell or python")
         return self
+
+
+async def _run_command(sandbox: AsyncSandbox, argv: list[str] | None, body: s.ExecIn) -> ExecutionResult:
+    if argv is not None:
+        return await sandbox.exec(argv, timeout=body.timeout, env=body.env, cwd=body.cwd, input=body.stdin)
+    assert body.python is not None
+    return await sandbox.exec_python(
+        body.python, timeout=body.timeout, env=body.env, cwd=body.cwd, input=body.stdin
+    )
 
 
 def _command_argv(body: s.ExecIn) -> list[str] | None:
@@ -280,6 +290,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         if entry.sandbox.deadline <= time.time():
             await service.destroy(entry)
             raise Refused(404, "not_found", f"no sandbox {sandbox_id!r:.80} for this token")
+        entry.lease.touch()  # every call on a sandbox is use: it renews an idle lease
         return entry
 
     # -- routes: server ------------------------------------------------------------
@@ -404,6 +415,37 @@ def create_app(settings: ServerSettings) -> FastAPI:
         return s.NetworkLogOut(events=await entry.sandbox.network_log())
 
     @app.post(
+        "/v1/sandboxes/{sandbox_id}/keepalive",
+        response_model=s.LeaseOut,
+        responses=errors,
+        tags=["sandboxes"],
+    )
+    async def keepalive(token: TokenDep, sandbox_id: SandboxId) -> s.LeaseOut:
+        """Renew the sandbox's idle lease (any call on it does too); returns the lease."""
+        entry = await owned(token, sandbox_id)
+        return entry.lease.out(settings.session_grace)
+
+    @app.get(
+        "/v1/sandboxes/{sandbox_id}/lease",
+        responses={
+            **errors,
+            200: {"content": {"text/event-stream": {}}, "description": "server-sent events"},
+        },
+        response_class=StreamingResponse,
+        tags=["sandboxes"],
+    )
+    async def hold_lease(token: TokenDep, sandbox_id: SandboxId) -> StreamingResponse:
+        """Hold the sandbox while this stream is open (a ``session`` lease ends when none is).
+
+        Sends ``lease`` (the lease) at once and a comment line every
+        ``LEASE_HEARTBEAT`` seconds, and ``ended`` when the sandbox is gone.
+        """
+        entry = await owned(token, sandbox_id)
+        return StreamingResponse(
+            _hold(service, entry), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
+        )
+
+    @app.post(
         "/v1/sandboxes/{sandbox_id}/fork",
         status_code=201,
         response_model=s.SandboxOut,
@@ -423,18 +465,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
     )
     async def exec_command(token: TokenDep, sandbox_id: SandboxId, body: ExecRequest) -> s.ExecOut:
         """Run a command and wait for it.  A timeout is an outcome (``timed_out``), not an error."""
-        sandbox = (await owned(token, sandbox_id)).sandbox
+        entry = await owned(token, sandbox_id)
+        sandbox = entry.sandbox
         argv = _command_argv(body)
         try:
-            if argv is not None:
-                result = await sandbox.exec(
-                    argv, timeout=body.timeout, env=body.env, cwd=body.cwd, input=body.stdin
-                )
-            else:
-                assert body.python is not None
-                result = await sandbox.exec_python(
-                    body.python, timeout=body.timeout, env=body.env, cwd=body.cwd, input=body.stdin
-                )
+            with entry.lease.held():  # a running command is use: an idle lease does not lapse under it
+                result = await _run_command(sandbox, argv, body)
         except ExecutionTimeoutError as exc:
             if not isinstance(exc.result, ExecutionResult):
                 raise
@@ -458,7 +494,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
         ``error`` (``{"detail", "code"}``).  A client that disconnects kills
         the command's process tree.
         """
-        sandbox = (await owned(token, sandbox_id)).sandbox
+        entry = await owned(token, sandbox_id)
+        sandbox = entry.sandbox
         argv = _command_argv(body)
         if argv is not None:
             stream = sandbox.stream_exec(
@@ -472,7 +509,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         # Started here, so that a refused command is an HTTP error, not an event.
         await stream.__aenter__()
         return StreamingResponse(
-            _sse(stream), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
+            _sse(stream, entry.lease), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
         )
 
     # -- routes: sessions ------------------------------------------------------------------
@@ -509,9 +546,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
         token: TokenDep, sandbox_id: SandboxId, session_id: SandboxId, body: s.SessionRunIn
     ) -> s.SessionRunOut:
         """Run code in the session; the trailing expression's repr is ``result``."""
-        session = session_of(await owned(token, sandbox_id), session_id)
+        entry = await owned(token, sandbox_id)
+        session = session_of(entry, session_id)
         try:
-            result = await session.run(body.code, timeout=body.timeout)
+            with entry.lease.held():
+                result = await session.run(body.code, timeout=body.timeout)
         except ExecutionTimeoutError as exc:
             if exc.result is None or isinstance(exc.result, ExecutionResult):
                 raise
@@ -684,7 +723,10 @@ def create_app(settings: ServerSettings) -> FastAPI:
             return
         entry.channels += 1
         try:
-            await _pump(websocket, entry)
+            # An open agent channel holds the sandbox: the remote backend keeps one open for
+            # its whole life, so a client that dies ends a session lease with it.
+            with entry.lease.held():
+                await _pump(websocket, entry)
         finally:
             entry.channels -= 1
 
@@ -764,7 +806,13 @@ async def _pump(websocket: WebSocket, entry: Entry) -> None:
                 pass  # already closed by the client
 
 
-async def _sse(stream: AsyncExecutionStream) -> AsyncIterator[bytes]:
+async def _sse(stream: AsyncExecutionStream, lease: Lease) -> AsyncIterator[bytes]:
+    with lease.held():  # an open command stream holds the sandbox (session and idle leases)
+        async for chunk in _sse_events(stream):
+            yield chunk
+
+
+async def _sse_events(stream: AsyncExecutionStream) -> AsyncIterator[bytes]:
     event = _event
     try:
         try:
@@ -830,6 +878,22 @@ async def _create_events(service: Service, token: Token, body: s.CreateSandbox) 
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, AgentNestError, Refused):
                 await task
+
+
+#: Seconds between the comment lines of a held lease stream (they keep proxies from closing it).
+LEASE_HEARTBEAT = 10.0
+
+
+async def _hold(service: Service, entry: Entry) -> AsyncIterator[bytes]:
+    with entry.lease.held():
+        yield _event("lease", entry.lease.out(service.settings.session_grace).model_dump())
+        while service.entries.get(entry.sandbox.id) is entry:
+            with anyio.move_on_after(LEASE_HEARTBEAT):
+                await entry.gone.wait()
+            if entry.gone.is_set():
+                break
+            yield b": held\n\n"
+        yield _event("ended", {"id": entry.sandbox.id})
 
 
 def _event(name: str, data: Mapping[str, Any]) -> bytes:

@@ -196,6 +196,29 @@ class CreateSandbox(_Request):
     priority: Literal["high", "normal", "low"] | None = Field(
         default=None, description="the request's band: the tenant's own (default) or a lower one"
     )
+    lease: Literal["deadline", "idle", "session"] = Field(
+        default="deadline",
+        description="when the server reaps it before its deadline: never ('deadline'), after "
+        "idle_timeout seconds without use or keepalive ('idle'), or once no connection of the client "
+        "holds it ('session': an open agent channel, command stream or GET .../lease stream)",
+    )
+    idle_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        le=24 * 3600,
+        description="seconds of no use before an 'idle' lease lapses (default 300)",
+    )
+
+
+class LeaseOut(BaseModel):
+    """A sandbox's lease: what reaps it before its deadline."""
+
+    kind: Literal["deadline", "idle", "session"]
+    expires_at: float | None = Field(
+        description="when the lease lapses if nothing renews it (None: not by itself, e.g. while held)"
+    )
+    idle_timeout: float | None = None
+    holders: int = Field(description="the client's connections holding it now")
 
 
 class SandboxOut(BaseModel):
@@ -215,6 +238,7 @@ class SandboxOut(BaseModel):
     network: str
     read_only_root: bool
     exit_reason: str | None = None
+    lease: LeaseOut | None = None
 
 
 class SandboxList(BaseModel):

@@ -20,7 +20,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from ..aio import AsyncPythonSession, AsyncSandbox
 from ..config import ResourceLimits, parse_size
 from ..egress.proxy import parse_ip
 from ..errors import AdmissionRefusedError, AgentNestError, ConfigurationError, PolicyDeniedError
-from ..events import Observer
+from ..events import EventType, Observer
 from ..policy import NetworkMode, NetworkPolicy, SecurityPolicy
 from ..runtime.base import RuntimeBackend, SandboxHandle
 from ..runtime.registry import get_backend
@@ -53,6 +53,8 @@ MAX_CHANNELS = 4
 #: Python sessions per sandbox.
 MAX_SESSIONS = 8
 _DEFAULTS = ResourceLimits()
+#: Seconds without use before an ``idle`` lease lapses, when the client names none.
+DEFAULT_IDLE_TIMEOUT = 300.0
 #: A dimension no one configured and the backend cannot tell: only the other dimensions bound it.
 UNBOUNDED_MEMORY = 1 << 62
 UNBOUNDED_CPUS = 1e9
@@ -73,7 +75,10 @@ class ServerSettings:
         max_sandboxes: live sandboxes on the server, all tokens together.
         max_body_bytes: largest JSON request body (413 beyond).
         max_upload_bytes: largest file upload or snapshot restore body.
-        reap_interval: seconds between sweeps that destroy sandboxes past their deadline.
+        reap_interval: seconds between sweeps that destroy sandboxes past their deadline
+            or whose lease lapsed.
+        session_grace: seconds a ``session``-lease sandbox lives with no connection
+            of its client holding it (time to attach after the create, or to reconnect).
         observers: event sinks for every sandbox (an audit log).
         work_dir: where snapshots are staged while they stream (a private
             temporary directory by default, removed at shutdown).
@@ -93,7 +98,8 @@ class ServerSettings:
     max_sandboxes: int = 64
     max_body_bytes: int = DEFAULT_MAX_BODY
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD
-    reap_interval: float = 5.0
+    reap_interval: float = 1.0
+    session_grace: float = 15.0
     observers: Sequence[Observer] = ()
     work_dir: Path | None = None
     capacity_memory: int | None = None
@@ -120,23 +126,82 @@ class ServerSettings:
             isinstance(self.capacity_cpus, (int, float)) and 0 < self.capacity_cpus < math.inf
         ):
             raise ConfigurationError(f"capacity_cpus={self.capacity_cpus!r} must be a positive number")
-        for name in ("default_lifetime", "reap_interval", "aging"):
+        for name in ("default_lifetime", "reap_interval", "aging", "session_grace"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
 
 
+class Lease:
+    """What reaps a sandbox before its deadline: nothing, idleness, or its client's connections closing.
+
+    Times are ``time.monotonic()``: a wall-clock jump neither reaps nor spares a sandbox.
+    """
+
+    def __init__(self, kind: str = "deadline", idle_timeout: float | None = None) -> None:
+        self.kind = kind
+        self.idle_timeout = idle_timeout
+        now = time.monotonic()
+        self.last_used = now
+        self.holders = 0
+        self.unheld_since = now
+
+    def touch(self) -> None:
+        """The client used the sandbox (a call, a keepalive): an idle lease starts over."""
+        self.last_used = time.monotonic()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A connection of the client (channel, stream) holds the sandbox while open."""
+        self.holders += 1
+        self.touch()
+        try:
+            yield
+        finally:
+            self.holders -= 1
+            self.touch()
+            if not self.holders:
+                self.unheld_since = time.monotonic()
+
+    def expires(self, grace: float) -> float | None:
+        """When (monotonic) it lapses if nothing renews it; None: not by itself."""
+        if self.kind == "idle" and self.idle_timeout is not None and not self.holders:
+            return self.last_used + self.idle_timeout
+        if self.kind == "session" and not self.holders:
+            return self.unheld_since + grace
+        return None
+
+    def out(self, grace: float) -> s.LeaseOut:
+        expires = self.expires(grace)
+        return s.LeaseOut(
+            kind=self.kind,  # type: ignore[arg-type]
+            expires_at=None if expires is None else round(time.time() + (expires - time.monotonic()), 3),
+            idle_timeout=self.idle_timeout,
+            holders=self.holders,
+        )
+
+
 class Entry:
     """One live sandbox of one token."""
 
-    def __init__(self, token_id: str, sandbox: AsyncSandbox, backend_name: str, grant: Grant) -> None:
+    def __init__(
+        self,
+        token_id: str,
+        sandbox: AsyncSandbox,
+        backend_name: str,
+        grant: Grant,
+        lease: Lease | None = None,
+    ) -> None:
         self.token_id = token_id
         self.sandbox = sandbox
         self.backend_name = backend_name
         self.grant = grant
+        self.lease = lease or Lease()
         self.created = time.time()
         self.sessions: dict[str, AsyncPythonSession] = {}
         self.channels = 0
+        self.gone = asyncio.Event()
+        """Set when the server destroys it (ends the streams that hold it)."""
 
 
 class Refused(HTTPException):
@@ -362,6 +427,12 @@ class Service:
                 f"max_wait {max_wait:g}s is beyond tenant {tenant.name!r}'s ceiling of {tenant.max_wait:g}s; "
                 "ask for less"
             )
+        if body.idle_timeout is not None and body.lease != "idle":
+            raise ConfigurationError("idle_timeout goes with lease 'idle' only")
+        lease = Lease(
+            body.lease,
+            (body.idle_timeout or DEFAULT_IDLE_TIMEOUT) if body.lease == "idle" else None,
+        )
         band = None if body.priority is None else BANDS.index(body.priority)
         if band is not None and band < tenant.band:
             raise PolicyDeniedError(
@@ -420,7 +491,7 @@ class Service:
                 except BaseException:
                     self.admission.release(grant)
                     raise
-                entry = Entry(token.id, sandbox, backend_name, grant)
+                entry = Entry(token.id, sandbox, backend_name, grant, lease)
                 self.entries[sandbox.id] = entry
                 return entry
 
@@ -493,13 +564,16 @@ class Service:
             except BaseException:
                 self.admission.release(grant)
                 raise
-            entry = Entry(token.id, child, parent.backend_name, grant)
+            # A fork's lease is its parent's kind, starting now.
+            lease = Lease(parent.lease.kind, parent.lease.idle_timeout)
+            entry = Entry(token.id, child, parent.backend_name, grant, lease)
             self.entries[child.id] = entry
         return entry
 
     async def destroy(self, entry: Entry) -> None:
         self.entries.pop(entry.sandbox.id, None)
         self.admission.release(entry.grant)
+        entry.gone.set()
         for session in list(entry.sessions.values()):
             try:
                 await session.close()
@@ -513,11 +587,31 @@ class Service:
             log.warning("destroying sandbox %s: %s", entry.sandbox.id, exc)
 
     async def reap(self) -> None:
-        """Destroy the sandboxes past their deadline (they stopped themselves already)."""
-        now = time.time()
-        expired = [e for e in self.entries.values() if e.sandbox.deadline <= now]
-        for entry in expired:
-            await self.destroy(entry)
+        """Destroy the sandboxes past their deadline (they stopped themselves already),
+        and those whose lease lapsed: idle too long, or no connection of their client left."""
+        now, clock = time.time(), time.monotonic()
+        grace = self.settings.session_grace
+        for entry in list(self.entries.values()):
+            expires = entry.lease.expires(grace)
+            if expires is not None and expires <= clock and entry.sandbox.deadline > now:
+                lease = entry.lease
+                why = (
+                    f"no use for {lease.idle_timeout:g}s"
+                    if lease.kind == "idle"
+                    else f"no connection of its client for {grace:g}s"
+                )
+                log.info(
+                    "sandbox %s: its %s lease lapsed (%s); destroying it", entry.sandbox.id, lease.kind, why
+                )
+                with contextlib.suppress(Exception):  # the audit log's own failure is logged by it
+                    emitter_of(entry.sandbox)(
+                        EventType.LEASE_EXPIRED,
+                        {"lease": lease.kind, "reason": why, "tenant": entry.grant.tenant},
+                        "server",
+                    )
+                await self.destroy(entry)
+            elif entry.sandbox.deadline <= now:
+                await self.destroy(entry)
 
     async def close(self) -> None:
         self.closed = True
@@ -559,4 +653,5 @@ class Service:
             network=config.network.mode.value,
             read_only_root=config.read_only_root,
             exit_reason=reason,
+            lease=entry.lease.out(self.settings.session_grace),
         )

@@ -284,9 +284,8 @@ def test_the_remote_backend_raises_admission_refused_with_reason_and_retry_after
     secret = token(settings, "a1", "team-a")["Authorization"].removeprefix("Bearer ")
     remote = RemoteBackend(url, secret, max_wait=0)
     try:
-        with Sandbox(IMAGE, timeout=60, backend=remote):
-            with pytest.raises(AdmissionRefusedError) as refused:
-                Sandbox(IMAGE, timeout=60, backend=remote)
+        with Sandbox(IMAGE, timeout=60, backend=remote), pytest.raises(AdmissionRefusedError) as refused:
+            Sandbox(IMAGE, timeout=60, backend=remote)
     finally:
         remote.close()
     assert refused.value.reason == "tenant_cap" and refused.value.retry_after is not None
