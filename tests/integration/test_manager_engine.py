@@ -11,6 +11,8 @@ server's capacity is the engine's (docker info), not a guess.
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -174,3 +176,63 @@ def test_shares_follow_the_weights_under_load_and_every_rejection_says_when_to_r
     )
     assert all(outcomes[n]["granted"] > 0 for n in WEIGHTS)
     assert service.admission.held.sandboxes == 0 and service.admission.queued == 0
+
+
+#: A client that takes a session-lease sandbox through the remote backend and then waits to die.
+CLIENT = """
+import sys
+from agentnest import Sandbox
+from agentnest.runtime.remote import RemoteBackend
+url, secret, backend, image = sys.argv[1:5]
+remote = RemoteBackend(url, secret, backend=backend, lease="session")
+sandbox = Sandbox(image, timeout=300, memory="64m", backend=remote)
+assert sandbox.exec_shell("echo up").stdout == "up\\n"
+print(sandbox.id, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_crashed_client_s_session_sandbox_is_reaped_within_the_grace_and_its_quota_is_free(
+    tmp_path: Path, engine_backends: dict[str, str], backend_name: str, docker_client: Any
+) -> None:
+    grace = 2.0
+    store = TokenStore(tmp_path / "tokens.json")
+    store.create_tenant(Tenant("solo", max_sandboxes=1))
+    ceiling = Ceiling(max_sandboxes=4, max_memory=64 << 20, max_timeout=300.0, backends=(backend_name,))
+    _, secret = store.create("solo", ceiling, tenant="solo")
+    settings = ServerSettings(
+        tokens=store, backends=engine_backends, image=base_image(), session_grace=grace, reap_interval=0.5
+    )
+    app = create_app(settings)
+    service: Service = app.state.service
+    with serve_in_thread(app) as url:
+        with subprocess.Popen(
+            [sys.executable, "-c", CLIENT, url, secret, backend_name, base_image()],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as client:
+            try:
+                assert client.stdout is not None
+                sandbox = client.stdout.readline().strip()
+                assert sandbox in service.entries, "the client's sandbox is live"
+                assert service.admission.holdings("solo").sandboxes == 1
+            finally:
+                client.kill()  # SIGKILL: no destroy, no goodbye; its agent channel's socket closes
+                client.wait(30)
+        killed = time.monotonic()
+        label = {"label": f"agentnest.sandbox={sandbox}"}
+        wait_until(
+            lambda: (
+                sandbox not in service.entries and not docker_client.containers.list(all=True, filters=label)
+            ),
+            "the crashed client's sandbox being reaped and its container removed",
+            within=30,
+        )
+        reaped = time.monotonic() - killed
+        print(f"\nreaped and removed {reaped:.2f} s after the kill (grace {grace:g} s)")
+        assert reaped <= grace + 5.0
+        assert service.admission.holdings("solo").sandboxes == 0
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=120) as http:
+            again = http.post("/v1/sandboxes", json={"memory": "64m", "max_wait": 0})
+            assert again.status_code == 201, "the tenant's one slot is free again: " + again.text
