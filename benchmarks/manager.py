@@ -5,6 +5,12 @@
   weighted dominant share and age, then a new request joins (the queue stays at
   1,000).  Pure logic on one event loop, no engine.  Target: p99 <= 2 ms.
 - M2: a create joining that queue (``submit``: caps, queue bounds, one dispatch).
+- M3: a client holding a ``session``-lease sandbox through the remote backend is
+  SIGKILLed; time until the server has reaped it and the engine has no container
+  left.  Target: within the lease (the grace) + 5 s.
+- M3: a client holding a ``session``-lease sandbox through the remote backend is
+  SIGKILLed; time until the server has reaped it and the engine has no container
+  left.  Target: within the lease (the grace) + 5 s.
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ async def _decisions(samples: int) -> tuple[Series, Series]:
 
 
 def bench_manager(backend: str, plan: Plan) -> list[Result]:
-    """M1 (admission decision), M2 (joining the queue)."""
+    """M1 (admission decision), M2 (joining the queue), M3 (crashed client reaped)."""
     samples = 500 if plan.quick else 3000
     decide, join = asyncio.run(_decisions(samples))
     return [
@@ -79,4 +85,87 @@ def bench_manager(backend: str, plan: Plan) -> list[Result]:
             target=Target("p99_le", 2.0),
         ),
         Result(backend, "M2", "admission: a create joins the queue", join),
+        *bench_manager_engine(backend, plan),
+    ]
+
+
+#: A client that takes a session-lease sandbox through the remote backend, says its id, waits to die.
+_CLIENT = """
+import sys
+from agentnest import Sandbox
+from agentnest.runtime.remote import RemoteBackend
+url, secret, backend, image = sys.argv[1:5]
+sandbox = Sandbox(image, timeout=300, memory="64m",
+                  backend=RemoteBackend(url, secret, backend=backend, lease="session"))
+print(sandbox.id, flush=True)
+sys.stdin.read()
+"""
+
+
+def _crashed_clients(backend: str, samples: int, grace: float) -> Series:
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import docker
+
+    from agentnest.runtime.docker import base_image
+    from agentnest.server.app import ServerSettings, create_app
+    from agentnest.server.auth import Ceiling, TokenStore
+    from agentnest.server.thread import serve_in_thread
+
+    series = Series(
+        f"SIGKILL -> sandbox reaped and container removed (session lease, grace {grace:g} s)", "ms"
+    )
+    client = docker.from_env()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = TokenStore(Path(tmp) / "tokens.json")
+        _, secret = store.create("bench", Ceiling(max_sandboxes=4, max_memory=64 << 20, backends=(backend,)))
+        settings = ServerSettings(
+            tokens=store,
+            backends={backend: backend},
+            image=base_image(),
+            session_grace=grace,
+            reap_interval=0.5,
+        )
+        app = create_app(settings)
+        service = app.state.service
+        with serve_in_thread(app) as url:
+            for _ in range(samples):
+                with subprocess.Popen(
+                    [sys.executable, "-c", _CLIENT, url, secret, backend, base_image()],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                ) as proc:
+                    assert proc.stdout is not None
+                    sandbox = proc.stdout.readline().strip()
+                    proc.kill()
+                    proc.wait(30)
+                killed = time.perf_counter()
+                label = {"label": f"agentnest.sandbox={sandbox}"}
+                deadline = killed + 60
+                while sandbox in service.entries or client.api.containers(all=True, filters=label):
+                    if time.perf_counter() > deadline:
+                        raise RuntimeError(f"sandbox {sandbox} was not reaped within 60 s")
+                    time.sleep(0.02)  # paces the poll of the engine
+                series.samples.append(time.perf_counter() - killed)
+    client.close()
+    return series
+
+
+def bench_manager_engine(backend: str, plan: Plan) -> list[Result]:
+    """M3: a crashed client's sandboxes reaped within the lease + 5 s."""
+    grace = 2.0
+    crashed = _crashed_clients(backend, 3 if plan.quick else 8, grace)
+    return [
+        Result(
+            backend,
+            "M3",
+            "crashed client: reaped and removed",
+            crashed,
+            target=Target("p50_le", (grace + 5.0) * 1e3),
+            notes=[f"session lease with a {grace:g} s grace; the server sweeps every 0.5 s"],
+        )
     ]

@@ -224,7 +224,7 @@ def test_a_crashed_client_s_session_sandbox_is_reaped_within_the_grace_and_its_q
         label = {"label": f"agentnest.sandbox={sandbox}"}
         wait_until(
             lambda: (
-                sandbox not in service.entries and not docker_client.containers.list(all=True, filters=label)
+                sandbox not in service.entries and not docker_client.api.containers(all=True, filters=label)
             ),
             "the crashed client's sandbox being reaped and its container removed",
             within=30,
