@@ -311,6 +311,15 @@ class RuntimeBackend(ABC):
         """The sandbox's own log (bounded), if the backend keeps one."""
         return ""
 
+    def ping(self) -> None:  # noqa: B027 - optional hook: a backend with nothing to reach is always ready
+        """Check that the backend's engine or cluster answers now (a readiness probe).
+
+        Raises:
+            RuntimeNotAvailableError: it does not, with the reason.
+
+        .. versionadded:: 0.5.0
+        """
+
     def capacity(self) -> tuple[int | None, float | None]:
         """Memory (bytes) and CPUs all of this backend's sandboxes may hold together, as far as the
         backend knows (``None`` for what it cannot tell).  The manager admits within it.

@@ -232,6 +232,10 @@ class Admission:
         state = self._tenants.get(tenant)
         return state.held if state is not None else Resources()
 
+    def tenant_names(self) -> list[str]:
+        """Every tenant that has asked for something since the server started."""
+        return list(self._tenants)
+
     def queue_depths(self) -> dict[str, int]:
         return {name: len(t.queue) for name, t in self._tenants.items() if t.queue}
 
@@ -268,6 +272,7 @@ class Admission:
         state = self._state(tenant)
         band = tenant.band if band is None else max(band, tenant.band)  # never better than the tenant's
         if not demand.fits(tenant_limit(tenant)):
+            self._decided("rejected", tenant.name, "tenant_cap", 0.0)
             raise Rejected(
                 403,
                 "tenant_cap",
@@ -275,6 +280,7 @@ class Admission:
                 f"({_show(tenant_limit(tenant))}); ask for less or raise the tenant's caps",
             )
         if not demand.fits(self.capacity):
+            self._decided("rejected", tenant.name, "capacity", 0.0)
             raise Rejected(
                 403,
                 "capacity",
@@ -283,6 +289,7 @@ class Admission:
             )
         if len(state.queue) >= tenant.max_queued or self._queued >= self.max_queue:
             whose = "tenant's" if len(state.queue) >= tenant.max_queued else "server's"
+            self._decided("rejected", tenant.name, "queue_full", 0.0)
             raise Rejected(
                 429,
                 "queue_full",

@@ -79,6 +79,9 @@ from .service import (
 from .tenant_routes import add_tenant_routes
 
 log = logging.getLogger("agentnest.server")
+#: Seconds a readiness probe waits for each backend.
+READY_TIMEOUT = 5.0
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _WWW_AUTHENTICATE = 'Bearer realm="agentnest"'
 _INVALID_TOKEN = _WWW_AUTHENTICATE + ', error="invalid_token"'
 
@@ -187,6 +190,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
         uvicorn.run(app, host="127.0.0.1", port=8700)
     """
     service = Service(settings)
+    try:
+        from .metrics import ServerMetrics
+
+        service.metrics = ServerMetrics(service)
+    except MissingDependencyError:
+        log.warning("prometheus_client is not installed: /metrics answers 501")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -299,6 +308,51 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def health() -> s.HealthOut:
         """Liveness (no token needed, tells nothing about sandboxes)."""
         return s.HealthOut(status="ok", version=__version__)
+
+    @app.get("/healthz", response_model=s.HealthOut, tags=["server"])
+    async def healthz() -> s.HealthOut:
+        """Liveness: the process serves (no token; the Kubernetes liveness probe)."""
+        return s.HealthOut(status="ok", version=__version__)
+
+    @app.get("/readyz", response_model=s.ReadyOut, responses={503: {"model": s.ReadyOut}}, tags=["server"])
+    async def readyz() -> Response:
+        """Readiness: the token file reads and every backend answers now (no token; 503 naming
+        what failed, so a load balancer sends no client here while it is not ready)."""
+        checks: dict[str, str] = {}
+        try:
+            await anyio.to_thread.run_sync(settings.tokens.list)
+            checks["tokens"] = "ok"
+        except AgentNestError as exc:
+            checks["tokens"] = str(exc)[:300]
+        for name, backend in service.backends.items():
+            try:
+                with anyio.fail_after(READY_TIMEOUT):
+                    # abandon_on_cancel: an engine that hangs must not hang the probe.
+                    await anyio.to_thread.run_sync(backend.ping, abandon_on_cancel=True)
+                checks[f"backend:{name}"] = "ok"
+            except TimeoutError:
+                checks[f"backend:{name}"] = f"did not answer within {READY_TIMEOUT:g}s"
+            except AgentNestError as exc:
+                checks[f"backend:{name}"] = str(exc)[:300]
+        ready = all(v == "ok" for v in checks.values()) and not service.closed
+        body = s.ReadyOut(status="ready" if ready else "not ready", checks=checks)
+        return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+    @app.get(
+        "/metrics",
+        responses={**errors, 200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+        response_class=Response,
+        tags=["server"],
+    )
+    async def metrics(token: TokenDep) -> Response:
+        """Prometheus metrics (an admin token: they name every tenant)."""
+        if not token.admin:
+            raise Refused(403, "policy_denied", "metrics need an admin token (they name every tenant)")
+        if service.metrics is None:
+            raise Refused(
+                501, "missing_dependency", "metrics need prometheus_client: pip install 'agentnest[server]'"
+            )
+        return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/info", response_model=s.InfoOut, responses=errors, tags=["server"])
     async def info(token: TokenDep) -> s.InfoOut:

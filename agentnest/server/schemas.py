@@ -394,6 +394,13 @@ class HealthOut(BaseModel):
     version: str
 
 
+class ReadyOut(BaseModel):
+    """Readiness: each check is ``ok`` or why not."""
+
+    status: Literal["ready", "not ready"]
+    checks: dict[str, str]
+
+
 class LogsOut(BaseModel):
     logs: str
 

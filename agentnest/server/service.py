@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 from starlette.exceptions import HTTPException
@@ -30,7 +31,13 @@ from starlette.exceptions import HTTPException
 from ..aio import AsyncPythonSession, AsyncSandbox
 from ..config import ResourceLimits, parse_size
 from ..egress.proxy import parse_ip
-from ..errors import AdmissionRefusedError, AgentNestError, ConfigurationError, PolicyDeniedError
+from ..errors import (
+    AdmissionRefusedError,
+    AgentNestError,
+    BackendError,
+    ConfigurationError,
+    PolicyDeniedError,
+)
 from ..events import EventType, Observer
 from ..policy import NetworkMode, NetworkPolicy, SecurityPolicy
 from ..runtime.base import RuntimeBackend, SandboxHandle
@@ -41,6 +48,9 @@ from .admission import DEFAULT_AGING, DEFAULT_MAX_QUEUE, Admission, Grant, Posit
 from .auth import Token, TokenStore
 from .channel_audit import Emit
 from .tenants import BANDS, Tenant
+
+if TYPE_CHECKING:
+    from .metrics import ServerMetrics
 
 log = logging.getLogger("agentnest.server")
 
@@ -262,6 +272,8 @@ class Service:
             max_queue=settings.max_queue,
         )
         self._capacity_known = settings.capacity_memory is not None and settings.capacity_cpus is not None
+        self.metrics: ServerMetrics | None = None
+        """Set by the app when prometheus_client is installed."""
 
     async def capacity(self) -> Resources:
         """What all sandboxes may hold together: configured, else what the default backend reports.
@@ -472,6 +484,7 @@ class Service:
             )
 
             async def start() -> Entry:
+                started = time.monotonic()
                 try:
                     sandbox = await AsyncSandbox.create(
                         image,
@@ -488,9 +501,15 @@ class Service:
                         security_policy=policy,
                         observers=self.settings.observers,
                     )
-                except BaseException:
+                except BaseException as exc:
                     self.admission.release(grant)
+                    if self.metrics is not None and isinstance(exc, BackendError):
+                        self.metrics.backend_errors.labels(backend_name).inc()
                     raise
+                if self.metrics is not None:
+                    self.metrics.create_seconds.labels(backend_name, "cold").observe(
+                        time.monotonic() - started
+                    )
                 entry = Entry(token.id, sandbox, backend_name, grant, lease)
                 self.entries[sandbox.id] = entry
                 return entry
@@ -609,6 +628,8 @@ class Service:
                         {"lease": lease.kind, "reason": why, "tenant": entry.grant.tenant},
                         "server",
                     )
+                if self.metrics is not None:
+                    self.metrics.lease_expiries.labels(entry.grant.tenant, lease.kind).inc()
                 await self.destroy(entry)
             elif entry.sandbox.deadline <= now:
                 await self.destroy(entry)

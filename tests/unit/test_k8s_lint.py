@@ -263,3 +263,54 @@ def test_label_grammar() -> None:
 def test_sanitize_label_value(text: str, value: str) -> None:
     assert sanitize_label_value(text) == value
     assert label_problems({"k": value}) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("512Mi", 512 * 2**20), ("2Gi", 2 * 2**30), ("500m", 0.5), ("2", 2.0), ("1.5G", 1.5e9), ("1e3", 1000.0)],
+)
+def test_quantity_values_read_as_the_apiserver_means_them(text: str, value: float) -> None:
+    from agentnest.runtime.kubernetes.lint import quantity_value
+
+    assert quantity_value(text) == pytest.approx(value)
+
+
+def test_a_malformed_quantity_has_no_value() -> None:
+    from agentnest.runtime.kubernetes.lint import quantity_value
+
+    assert quantity_value("lots") is None and quantity_value(3) is None
+
+
+def test_the_manager_s_capacity_is_the_tightest_quota_left_in_the_namespace() -> None:
+    from agentnest.runtime.kubernetes import KubernetesBackend
+
+    class Api:
+        def find(self, kind: str) -> list[dict[str, object]]:
+            assert kind == "ResourceQuota"
+            return [
+                {
+                    "status": {
+                        "hard": {"limits.memory": "8Gi", "limits.cpu": "4"},
+                        "used": {"limits.memory": "1Gi"},
+                    }
+                },
+                {"status": {"hard": {"requests.cpu": "2500m"}, "used": {"requests.cpu": "500m"}}},
+                {"status": {"hard": {"pods": "10"}}},
+            ]
+
+    backend = KubernetesBackend.__new__(KubernetesBackend)
+    backend._cluster = lambda: (Api(), None)  # type: ignore[method-assign]
+    assert backend.capacity() == (7 * 2**30, 2.0)
+    backend.ping()  # reads the quotas: no error
+
+
+def test_without_quotas_the_namespace_bounds_nothing() -> None:
+    from agentnest.runtime.kubernetes import KubernetesBackend
+
+    class Api:
+        def find(self, kind: str) -> list[dict[str, object]]:
+            return []
+
+    backend = KubernetesBackend.__new__(KubernetesBackend)
+    backend._cluster = lambda: (Api(), None)  # type: ignore[method-assign]
+    assert backend.capacity() == (None, None)

@@ -290,3 +290,65 @@ def test_the_remote_backend_raises_admission_refused_with_reason_and_retry_after
         remote.close()
     assert refused.value.reason == "tenant_cap" and refused.value.retry_after is not None
     assert refused.value.retry_after >= 1
+
+
+# -- metrics and probes ------------------------------------------------------------------------
+
+
+def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return found
+
+
+async def test_metrics_count_decisions_and_show_holdings_for_admin_tokens_only(
+    settings: ServerSettings, app_client: tuple[Service, httpx.AsyncClient]
+) -> None:
+    _, client = app_client
+    root = token(settings, "root", admin=True)
+    a = token(settings, "a1", "team-a")
+    assert (await client.get("/metrics", headers=a)).status_code == 403
+    assert (await client.get("/metrics")).status_code == 401
+    assert (await client.post("/v1/sandboxes", json={}, headers=a)).status_code == 201
+    assert (await client.post("/v1/sandboxes", json={"max_wait": 0}, headers=a)).status_code == 429
+    scraped = await client.get("/metrics", headers=root)
+    assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
+    got = _samples(scraped.text)
+    assert got[("agentnest_sandboxes", frozenset({("tenant", "team-a"), ("state", "running")}))] == 1
+    assert got[("agentnest_sandboxes", frozenset({("tenant", "team-a"), ("state", "queued")}))] == 0
+    granted = {("tenant", "team-a"), ("outcome", "granted"), ("reason", "")}
+    rejected = {("tenant", "team-a"), ("outcome", "rejected"), ("reason", "tenant_cap")}
+    assert got[("agentnest_admissions_total", frozenset(granted))] == 1
+    assert got[("agentnest_admissions_total", frozenset(rejected))] == 1
+    assert got[("agentnest_queue_wait_seconds_count", frozenset({("tenant", "team-a")}))] == 2
+    assert (
+        got[("agentnest_sandbox_create_seconds_count", frozenset({("backend", "local"), ("launch", "cold")}))]
+        == 1
+    )
+    assert got[("agentnest_capacity", frozenset({("resource", "sandboxes")}))] == 3
+    assert got[("agentnest_tenant_memory_bytes", frozenset({("tenant", "team-a")}))] > 0
+
+
+async def test_liveness_and_readiness_need_no_token_and_readiness_names_what_failed(
+    settings: ServerSettings, app_client: tuple[Service, httpx.AsyncClient], backend: LocalBackend
+) -> None:
+    from agentnest.errors import RuntimeNotAvailableError
+
+    _, client = app_client
+    assert (await client.get("/healthz")).json()["status"] == "ok"
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"] == {"tokens": "ok", "backend:local": "ok"}
+
+    def down() -> None:
+        raise RuntimeNotAvailableError("the engine is not running (test)")
+
+    backend.ping = down  # type: ignore[method-assign]
+    settings.tokens.path.write_text("not json")
+    not_ready = await client.get("/readyz")
+    assert not_ready.status_code == 503 and not_ready.json()["status"] == "not ready"
+    checks = not_ready.json()["checks"]
+    assert "not a token file" in checks["tokens"] and "engine is not running" in checks["backend:local"]

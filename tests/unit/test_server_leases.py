@@ -72,6 +72,11 @@ def test_an_idle_lease_lapses_without_use_and_its_tenant_gets_the_room_back(
     lapsed = [e for e in events.events if e.type is EventType.LEASE_EXPIRED]
     assert [e.sandbox_id for e in lapsed] == [made["id"]]
     assert lapsed[0].attributes["lease"] == "idle" and "no use for 0.6s" in lapsed[0].attributes["reason"]
+    assert service.metrics is not None
+    assert (
+        'agentnest_lease_expiries_total{lease="idle",tenant="default"} 1.0'
+        in service.metrics.render().decode()
+    )
 
 
 def test_keepalives_and_calls_renew_an_idle_lease_and_a_running_command_holds_it(

@@ -705,6 +705,10 @@ class DockerBackend(RuntimeBackend):
             return f"its container exited with code {state.get('ExitCode')}"
         return None
 
+    def ping(self) -> None:
+        with map_docker_errors("pinging the Docker engine"):
+            self.api.ping()
+
     def capacity(self) -> tuple[int | None, float | None]:
         """The engine host's memory (``docker info``); CPUs are not a capacity here.
 

@@ -132,6 +132,38 @@ class KubernetesBackend(RuntimeBackend):
                 self._connection = connection
             return self._api, self._connection
 
+    def ping(self) -> None:
+        """The apiserver answers and this identity may read its namespace's quotas."""
+        api, _ = self._cluster()
+        api.find("ResourceQuota")
+
+    def capacity(self) -> tuple[int | None, float | None]:
+        """What the namespace's ResourceQuotas leave: the tightest ``hard - used`` of memory and CPU
+        (limits, else requests), read now.  None for what no quota bounds."""
+        from .lint import quantity_value
+
+        api, _ = self._cluster()
+        memory: float | None = None
+        cpus: float | None = None
+        for quota in api.find("ResourceQuota"):
+            status = quota.get("status") or {}
+            hard, used = status.get("hard") or {}, status.get("used") or {}
+            for keys, resource in (
+                (("limits.memory", "requests.memory", "memory"), "memory"),
+                (("limits.cpu", "requests.cpu", "cpu"), "cpu"),
+            ):
+                for key in keys:
+                    total = quantity_value(hard.get(key))
+                    if total is None:
+                        continue
+                    left = max(0.0, total - (quantity_value(used.get(key)) or 0.0))
+                    if resource == "memory":
+                        memory = left if memory is None else min(memory, left)
+                    else:
+                        cpus = left if cpus is None else min(cpus, left)
+                    break
+        return (None if memory is None else int(memory)), cpus
+
     def capabilities(self) -> frozenset[Capability]:
         return frozenset(
             {

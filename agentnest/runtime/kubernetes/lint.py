@@ -27,12 +27,29 @@ __all__ = [
     "check_label",
     "label_problems",
     "lint",
+    "quantity_value",
     "sanitize_label_value",
 ]
 
 #: The Kubernetes quantity grammar (apimachinery ``resource.Quantity``):
 #: a signed decimal number, then a binary-SI, decimal-SI or exponent suffix.
 QUANTITY = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+_SUFFIX = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+}  # fmt: skip
+
+
+def quantity_value(text: object) -> float | None:
+    """A quantity's value (``"512Mi"`` -> 536870912.0, ``"500m"`` -> 0.5); None if not one."""
+    if not isinstance(text, str) or not QUANTITY.fullmatch(text):
+        return None
+    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * _SUFFIX[suffix]
+    return float(text)  # a plain number or an exponent: float() reads both
+
+
 #: Volume sources PSA ``restricted`` admits (every other one, hostPath first, is refused).
 ALLOWED_VOLUME_TYPES = frozenset(
     {

@@ -760,6 +760,8 @@ ROLE_RULES: tuple[Obj, ...] = (
     },
     # Events carry the cluster's reasons (FailedScheduling, ErrImagePull).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch"]},
+    # The namespace's quotas are the manager's capacity (read only) and its readiness probe.
+    {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list"]},
 )
 
 
