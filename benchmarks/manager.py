@@ -5,9 +5,13 @@
   weighted dominant share and age, then a new request joins (the queue stays at
   1,000).  Pure logic on one event loop, no engine.  Target: p99 <= 2 ms.
 - M2: a create joining that queue (``submit``: caps, queue bounds, one dispatch).
+- M4: ``GET /metrics`` over loopback HTTP with 1,000 sandboxes recorded across 50
+  tenants.  Target: <= 50 ms.
 - M3: a client holding a ``session``-lease sandbox through the remote backend is
   SIGKILLed; time until the server has reaped it and the engine has no container
   left.  Target: within the lease (the grace) + 5 s.
+- M4: ``GET /metrics`` over loopback HTTP with 1,000 sandboxes recorded across 50
+  tenants.  Target: <= 50 ms.
 - M3: a client holding a ``session``-lease sandbox through the remote backend is
   SIGKILLed; time until the server has reaped it and the engine has no container
   left.  Target: within the lease (the grace) + 5 s.
@@ -72,6 +76,54 @@ async def _decisions(samples: int) -> tuple[Series, Series]:
     return decide, join
 
 
+def _scrapes(samples: int) -> Series:
+    """GET /metrics over loopback HTTP with 1,000 sandboxes recorded across 50 tenants."""
+    import tempfile
+    from pathlib import Path
+
+    import httpx
+
+    from agentnest.server.app import ServerSettings, create_app
+    from agentnest.server.auth import Ceiling, TokenStore
+    from agentnest.server.service import Entry
+    from agentnest.server.thread import serve_in_thread
+
+    series = Series("GET /metrics, 1,000 sandboxes / 50 tenants recorded", "ms")
+    with tempfile.TemporaryDirectory() as tmp:
+        store = TokenStore(Path(tmp) / "tokens.json")
+        _, secret = store.create("root", Ceiling(), admin=True)
+        # The server never starts a sandbox here: the backend is named, never called.
+        # No sweep during the run: the recorded entries are bookkeeping, not sandboxes.
+        app = create_app(ServerSettings(tokens=store, image="IMAGE", max_sandboxes=2000, reap_interval=3600))
+        service = app.state.service
+        big = {
+            name: Tenant(name, max_sandboxes=100, max_memory=100 * GIB, max_cpus=100.0, rate=1e6, burst=10**6)
+            for name in (f"t{i:02d}" for i in range(TENANTS))
+        }
+
+        async def fill() -> None:
+            for i in range(1000):
+                # What a scrape reads of a live sandbox: its grant (tenant, resources).
+                entry = Entry.__new__(Entry)
+                entry.grant = await service.admission.acquire(
+                    big[f"t{i % TENANTS:02d}"], Resources(1, GIB // 2, 1.0), max_wait=0
+                )
+                service.entries[f"sb{i:04d}"] = entry
+
+        asyncio.run(fill())
+        headers = {"Authorization": f"Bearer {secret}"}
+        with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=headers) as http:
+            try:
+                for _ in range(samples):
+                    t0 = time.perf_counter()
+                    response = http.get("/metrics")
+                    series.samples.append(time.perf_counter() - t0)
+                    assert response.status_code == 200 and 'state="running"' in response.text
+            finally:
+                service.entries.clear()  # not sandboxes: nothing for the shutdown to destroy
+    return series
+
+
 def bench_manager(backend: str, plan: Plan) -> list[Result]:
     """M1 (admission decision), M2 (joining the queue), M3 (crashed client reaped)."""
     samples = 500 if plan.quick else 3000
@@ -85,6 +137,13 @@ def bench_manager(backend: str, plan: Plan) -> list[Result]:
             target=Target("p99_le", 2.0),
         ),
         Result(backend, "M2", "admission: a create joins the queue", join),
+        Result(
+            backend,
+            "M4",
+            "/metrics scrape, 1,000 sandboxes recorded",
+            _scrapes(50 if plan.quick else 200),
+            target=Target("p50_le", 50.0),
+        ),
         *bench_manager_engine(backend, plan),
     ]
 
