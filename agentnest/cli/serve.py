@@ -94,6 +94,15 @@ def register(commands: Commands) -> None:
     )
     parser.add_argument("--audit-log", type=Path, metavar="PATH", help="the JSONL audit log")
     parser.add_argument("--no-audit-log", action="store_true", help="do not write the JSONL audit log")
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="server log lines: text, or one JSON object per line for log shippers (default text)",
+    )
+    parser.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default info)"
+    )
     parser.add_argument("--openapi", action="store_true", help="print the OpenAPI document and exit")
     parser.set_defaults(handler=handle)
 
@@ -442,6 +451,9 @@ def handle(args: argparse.Namespace) -> int:
         )
     import uvicorn
 
+    from ..server.logs import configure
+
+    log_config = configure(args.log_format, args.log_level)
     app = create_app(settings)
     scheme = "https" if tls else "http"
     print(
@@ -454,7 +466,8 @@ def handle(args: argparse.Namespace) -> int:
         port=args.port,
         ssl_certfile=str(args.tls_cert) if tls else None,
         ssl_keyfile=str(args.tls_key) if tls else None,
-        log_level="warning",
+        log_level=args.log_level,
+        log_config=log_config,
         # Our own websocket limit: agent frames are at most ~2 MiB (protocol.py).
         ws_max_size=4 * 1024 * 1024,
         ws_per_message_deflate=False,
