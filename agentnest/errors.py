@@ -73,7 +73,7 @@ class AdmissionRefusedError(PolicyDeniedError):
     """A server did not admit a new sandbox in time: its tenant's caps, the server's capacity,
     the tenant's create rate or a full queue (``reason``); ``retry_after`` is when to try again.
 
-    .. versionadded:: 0.5.0
+    .. versionadded:: 0.4.0
     """
 
     def __init__(self, message: str, reason: str = "capacity", retry_after: float | None = None) -> None:

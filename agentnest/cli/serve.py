@@ -85,6 +85,12 @@ def register(commands: Commands) -> None:
         metavar="N",
         help="creates waiting at once, all tenants (default 4096)",
     )
+    parser.add_argument(
+        "--pools",
+        type=Path,
+        metavar="FILE",
+        help='warm pools, a JSON (or YAML) file: {"pools": [{"name": "py", "min": 2, "max": 8}]}',
+    )
     parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate")
     parser.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key")
     parser.add_argument(
@@ -402,6 +408,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     """The :class:`~agentnest.server.app.ServerSettings` the options describe."""
     from ..audit import JsonLogObserver
     from ..server.app import ServerSettings
+    from ..server.pools import load_pools
 
     observers = []
     if not args.no_audit_log:
@@ -423,6 +430,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         capacity_cpus=args.capacity_cpus,
         aging=args.aging,
         max_queue=args.max_queue,
+        pools=() if args.pools is None else tuple(load_pools(args.pools)),
     )
 
 

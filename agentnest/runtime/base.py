@@ -317,14 +317,14 @@ class RuntimeBackend(ABC):
         Raises:
             RuntimeNotAvailableError: it does not, with the reason.
 
-        .. versionadded:: 0.5.0
+        .. versionadded:: 0.4.0
         """
 
     def capacity(self) -> tuple[int | None, float | None]:
         """Memory (bytes) and CPUs all of this backend's sandboxes may hold together, as far as the
         backend knows (``None`` for what it cannot tell).  The manager admits within it.
 
-        .. versionadded:: 0.5.0
+        .. versionadded:: 0.4.0
         """
         return None, None
 

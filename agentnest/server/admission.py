@@ -29,7 +29,7 @@ Everything here runs on the server's event loop: no locks.  The class does
 not import a web framework; :mod:`agentnest.server.app` maps
 :class:`Rejected` onto HTTP.
 
-.. versionadded:: 0.5.0
+.. versionadded:: 0.4.0
 """
 
 from __future__ import annotations
@@ -135,10 +135,27 @@ class Grant:
 class Ticket:
     """A request in the queue."""
 
-    __slots__ = ("band", "blocked_by", "deadline", "demand", "enqueued", "future", "seq", "tenant")
+    __slots__ = (
+        "band",
+        "blocked_by",
+        "deadline",
+        "demand",
+        "enqueued",
+        "future",
+        "seq",
+        "tenant",
+        "transfer",
+    )
 
     def __init__(
-        self, seq: int, tenant: Tenant, demand: Resources, band: int, enqueued: float, deadline: float
+        self,
+        seq: int,
+        tenant: Tenant,
+        demand: Resources,
+        band: int,
+        enqueued: float,
+        deadline: float,
+        transfer: Grant | None = None,
     ) -> None:
         self.seq = seq
         self.tenant = tenant
@@ -148,6 +165,9 @@ class Ticket:
         self.deadline = deadline
         self.future: asyncio.Future[Grant] = asyncio.get_running_loop().create_future()
         self.blocked_by: str | None = None
+        self.transfer = transfer
+        """A grant this request takes over when admitted (a warm sandbox changing hands): what it
+        holds already counts against the server, so only the difference needs room."""
 
 
 class _Bucket:
@@ -262,7 +282,13 @@ class Admission:
     # -- the two calls -------------------------------------------------------------
 
     def submit(
-        self, tenant: Tenant, demand: Resources, *, band: int | None = None, max_wait: float
+        self,
+        tenant: Tenant,
+        demand: Resources,
+        *,
+        band: int | None = None,
+        max_wait: float,
+        transfer: Grant | None = None,
     ) -> Ticket:
         """Queue a request, admitting it at once if its turn is now.
 
@@ -279,7 +305,7 @@ class Admission:
                 f"this sandbox ({_show(demand)}) is more than tenant {tenant.name!r} may hold at all "
                 f"({_show(tenant_limit(tenant))}); ask for less or raise the tenant's caps",
             )
-        if not demand.fits(self.capacity):
+        if transfer is None and not demand.fits(self.capacity):
             self._decided("rejected", tenant.name, "capacity", 0.0)
             raise Rejected(
                 403,
@@ -287,21 +313,26 @@ class Admission:
                 f"this sandbox ({_show(demand)}) is more than the whole server has "
                 f"({_show(self.capacity)}); ask for less",
             )
-        if len(state.queue) >= tenant.max_queued or self._queued >= self.max_queue:
-            whose = "tenant's" if len(state.queue) >= tenant.max_queued else "server's"
+        now = self._clock()
+        ticket = Ticket(next(self._seq), tenant, demand, band, now, now + max(0.0, max_wait), transfer)
+        state.queue.append(ticket)
+        self._queued += 1
+        self._dispatch()
+        # The queue bounds apply to requests that must wait: one admitted at once never queued.
+        waiting_before = len(state.queue) - 1
+        if not ticket.future.done() and (
+            waiting_before >= tenant.max_queued or self._queued - 1 >= self.max_queue
+        ):
+            whose = "tenant's" if waiting_before >= tenant.max_queued else "server's"
+            self._remove(ticket)
             self._decided("rejected", tenant.name, "queue_full", 0.0)
             raise Rejected(
                 429,
                 "queue_full",
-                f"the {whose} admission queue is full ({len(state.queue)} of tenant {tenant.name!r} waiting, "
+                f"the {whose} admission queue is full ({waiting_before} of tenant {tenant.name!r} waiting, "
                 f"{self._queued} in all); retry later",
-                self._retry_after(len(state.queue) + 1),
+                self._retry_after(waiting_before + 1),
             )
-        now = self._clock()
-        ticket = Ticket(next(self._seq), tenant, demand, band, now, now + max(0.0, max_wait))
-        state.queue.append(ticket)
-        self._queued += 1
-        self._dispatch()
         return ticket
 
     async def wait(
@@ -364,19 +395,30 @@ class Admission:
         band: int | None = None,
         max_wait: float,
         on_update: Callable[[Position], Awaitable[None]] | None = None,
+        transfer: Grant | None = None,
     ) -> Grant:
         """:meth:`submit` then :meth:`wait`."""
-        return await self.wait(self.submit(tenant, demand, band=band, max_wait=max_wait), on_update)
+        ticket = self.submit(tenant, demand, band=band, max_wait=max_wait, transfer=transfer)
+        return await self.wait(ticket, on_update)
 
-    def release(self, grant: Grant) -> None:
-        """Give back what ``grant`` held (the sandbox is gone).  Safe to call twice."""
+    def _unhold(self, grant: Grant) -> bool:
         if grant.released:
-            return
+            return False
         grant.released = True
         state = self._tenants.get(grant.tenant)
         if state is not None:
             state.held = state.held - grant.demand
         self._held = self._held - grant.demand
+        return True
+
+    def withdraw(self, ticket: Ticket) -> None:
+        """Take a request that is still waiting out of the queue (its caller gives up)."""
+        self._remove(ticket)
+
+    def release(self, grant: Grant) -> None:
+        """Give back what ``grant`` held (the sandbox is gone).  Safe to call twice."""
+        if not self._unhold(grant):
+            return
         now = self._clock()
         if self._last_release is not None:
             gap = max(now - self._last_release, 1e-3)
@@ -467,12 +509,16 @@ class Admission:
                     head.blocked_by = "rate"
                     wake = now + wait if wake is None else min(wake, now + wait)
                     continue
-                if not (self._held + head.demand).fits(self.capacity):
+                moving = head.transfer if head.transfer is not None and not head.transfer.released else None
+                needed = head.demand - moving.demand if moving is not None else head.demand
+                if not (self._held + needed).fits(self.capacity):
                     head.blocked_by = "capacity"
                     break  # strict order: nothing behind it jumps ahead
                 state.bucket.tokens -= 1.0
                 state.queue.popleft()
                 self._queued -= 1
+                if moving is not None:
+                    self._unhold(moving)  # it changes hands: no release, no room freed
                 state.held = state.held + head.demand
                 self._held = self._held + head.demand
                 grant = Grant(config.name, head.demand, now, now - head.enqueued)

@@ -57,6 +57,7 @@ from ..errors import (
     AgentNestError,
     ConfigurationError,
     ExecutionTimeoutError,
+    PolicyDeniedError,
 )
 from . import schemas as s
 from .admission import Position
@@ -209,7 +210,14 @@ def create_app(settings: ServerSettings) -> FastAPI:
                     except Exception:  # a failed sweep must not end the sweeps
                         log.exception("reaping expired sandboxes")
 
+            async def pools() -> None:
+                try:
+                    await service.run_pools()
+                except AgentNestError as exc:  # e.g. the engine is down at start: say so, serve on
+                    log.error("warm pools stopped: %s", exc)
+
             tg.start_soon(reaper)
+            tg.start_soon(pools)
             try:
                 yield
             finally:
@@ -296,7 +304,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     async def owned(token: Token, sandbox_id: str) -> Entry:
         entry = service.get(token, sandbox_id)
-        if entry.sandbox.deadline <= time.time():
+        if entry.deadline <= time.time():
             await service.destroy(entry)
             raise Refused(404, "not_found", f"no sandbox {sandbox_id!r:.80} for this token")
         entry.lease.touch()  # every call on a sandbox is use: it renews an idle lease
@@ -377,6 +385,20 @@ def create_app(settings: ServerSettings) -> FastAPI:
             max_body_bytes=settings.max_body_bytes,
             max_upload_bytes=settings.max_upload_bytes,
             tenant=token.tenant,
+            pools=[
+                s.PoolOut(
+                    name=name,
+                    image=pool.image,
+                    backend=pool.backend_name,
+                    memory=pool.spec.memory,
+                    cpus=pool.spec.cpus,
+                    pids=pool.spec.pids,
+                    ready=len(pool.ready),
+                    max=pool.spec.max,
+                    when_drained=pool.spec.when_drained,
+                )
+                for name, pool in sorted(service.pools.items())
+            ],
         )
 
     add_tenant_routes(app, service, TokenDep, errors)
@@ -445,6 +467,18 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def extend(token: TokenDep, sandbox_id: SandboxId, body: s.ExtendIn) -> s.ExtendOut:
         """Move the deadline later (the whole lifetime stays within the token's max_timeout)."""
         entry = await owned(token, sandbox_id)
+        if entry.until is not None:
+            # A claimed warm sandbox: its lifetime counts from the claim.
+            lifetime = entry.until + body.seconds - entry.claimed_at
+            if lifetime > token.ceiling.max_timeout:
+                raise PolicyDeniedError(
+                    f"a lifetime of {lifetime:g}s is beyond this token's max_timeout "
+                    f"{token.ceiling.max_timeout:g}s"
+                )
+            entry.until += body.seconds
+            if entry.until > entry.sandbox.deadline:
+                await entry.sandbox.extend(entry.until - entry.sandbox.deadline)
+            return s.ExtendOut(deadline=entry.deadline)
         return s.ExtendOut(deadline=await entry.sandbox.extend(body.seconds))
 
     @app.get(

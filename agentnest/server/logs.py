@@ -5,7 +5,7 @@ Fields: ``ts`` (UTC, RFC 3339 with milliseconds), ``level``, ``logger``,
 ``extra={...}`` the call passed.  Log shippers (Loki, Fluent Bit, Vector)
 read it without a parsing rule.
 
-.. versionadded:: 0.5.0
+.. versionadded:: 0.4.0
 """
 
 from __future__ import annotations

@@ -11,11 +11,12 @@ Names follow the conventions of the anchors (research/manager.md §0.10):
 ``agentnest_sandbox_create_seconds{launch="cold|warm"}`` as agent-sandbox's
 ``launch_type``; the queue metrics nobody else exports.
 
-.. versionadded:: 0.5.0
+.. versionadded:: 0.4.0
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -86,6 +87,21 @@ class _State(Collector):
         capacity.add_metric(["memory_bytes"], admission.capacity.memory)
         capacity.add_metric(["cpus"], admission.capacity.cpus)
         yield capacity
+        pools = GaugeMetricFamily(
+            "agentnest_pool_sandboxes", "Warm sandboxes by pool and state.", labels=["pool", "state"]
+        )
+        lag = GaugeMetricFamily(
+            "agentnest_pool_refill_lag_seconds",
+            "How long each pool has been below its minimum of ready sandboxes (0: it is not).",
+            labels=["pool"],
+        )
+        now = time.monotonic()
+        for name, pool in sorted(service.pools.items()):
+            pools.add_metric([name, "ready"], len(pool.ready))
+            pools.add_metric([name, "starting"], pool.starting)
+            lag.add_metric([name], pool.refill_lag(now))
+        yield pools
+        yield lag
 
 
 class ServerMetrics:
@@ -124,6 +140,12 @@ class ServerMetrics:
             "agentnest_backend_errors",
             "Sandbox starts that failed in the backend (engine unreachable, start failed).",
             ["backend"],
+            registry=self.registry,
+        )
+        self.pool_claims = Counter(
+            "agentnest_pool_claims",
+            "Creates that named a warm pool: served warm, started cold, or refused empty.",
+            ["pool", "outcome"],
             registry=self.registry,
         )
         service.admission.on_decision = self.decided

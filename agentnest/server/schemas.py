@@ -55,6 +55,7 @@ ERROR_CODES: dict[str, tuple[int, type[AgentNestError]]] = {
     "capacity": (429, AdmissionRefusedError),
     "rate": (429, AdmissionRefusedError),
     "queue_full": (429, AdmissionRefusedError),
+    "pool_empty": (429, AdmissionRefusedError),
     "unsupported": (409, UnsupportedCapabilityError),
     "gone": (410, SandboxDestroyedError),
     "session_lost": (409, SessionLostError),
@@ -202,6 +203,16 @@ class CreateSandbox(_Request):
         "idle_timeout seconds without use or keepalive ('idle'), or once no connection of the client "
         "holds it ('session': an open agent channel, command stream or GET .../lease stream)",
     )
+    pool: Annotated[str, Field(min_length=1, max_length=40)] | None = Field(
+        default=None,
+        description="claim a warm sandbox of this pool (GET /v1/info lists them); the pool fixes "
+        "image, backend and resources, so those fields cannot be given with it",
+    )
+    when_drained: Literal["cold", "wait", "fail"] | None = Field(
+        default=None,
+        description="when the pool has no warm sandbox: start one cold, wait up to max_wait for the "
+        "next warm one, or fail with 429 pool_empty (default: the pool's setting)",
+    )
     idle_timeout: float | None = Field(
         default=None,
         gt=0,
@@ -334,6 +345,20 @@ class BackendOut(BaseModel):
     default: bool
 
 
+class PoolOut(BaseModel):
+    """A warm pool a create may claim from (``"pool": name``)."""
+
+    name: str
+    image: str
+    backend: str
+    memory: int
+    cpus: float
+    pids: int
+    ready: int
+    max: int
+    when_drained: str
+
+
 class InfoOut(BaseModel):
     """What the server offers, and the calling token's ceiling."""
 
@@ -346,6 +371,7 @@ class InfoOut(BaseModel):
     max_body_bytes: int
     max_upload_bytes: int
     tenant: str = "default"
+    pools: list[PoolOut] = []
 
 
 class TenantIn(_Request):

@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 from starlette.exceptions import HTTPException
@@ -47,12 +47,14 @@ from . import schemas as s
 from .admission import DEFAULT_AGING, DEFAULT_MAX_QUEUE, Admission, Grant, Position, Rejected, Resources
 from .auth import Token, TokenStore
 from .channel_audit import Emit
+from .pools import POOL_TICK, PoolSpec, WarmPool, pool_specs
 from .tenants import BANDS, Tenant
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
 
 log = logging.getLogger("agentnest.server")
+T = TypeVar("T")
 
 #: JSON bodies larger than this are refused with 413 before they are read.
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
@@ -63,6 +65,32 @@ MAX_CHANNELS = 4
 #: Python sessions per sandbox.
 MAX_SESSIONS = 8
 _DEFAULTS = ResourceLimits()
+#: What a claim from a warm pool cannot ask for: the warm sandbox is already running.
+POOL_FIXED = frozenset(
+    {
+        "image", "backend", "memory", "cpus", "pids", "workspace_size", "scratch_size", "workdir",
+        "read_only_root", "environment", "secrets", "secret_files", "network", "policy",
+    }
+)  # fmt: skip
+
+
+async def _until_gone(work: Awaitable[T], client_gone: Callable[[], Awaitable[object]] | None) -> T | None:
+    """``work``'s result, or None as soon as ``client_gone`` returns (``work`` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    if client_gone is None:
+        return await task
+    watcher = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return None if task.cancelled() else task.result()
+
+
 #: Seconds without use before an ``idle`` lease lapses, when the client names none.
 DEFAULT_IDLE_TIMEOUT = 300.0
 #: A dimension no one configured and the backend cannot tell: only the other dimensions bound it.
@@ -97,6 +125,7 @@ class ServerSettings:
         capacity_cpus: CPUs all sandboxes may hold together (``None``: the backend's).
         aging: seconds after which a queued create moves up one priority band.
         max_queue: creates waiting at once on the whole server (429 ``queue_full`` beyond).
+        pools: warm pools (:mod:`agentnest.server.pools`) a create may claim from by name.
     """
 
     tokens: TokenStore
@@ -116,6 +145,7 @@ class ServerSettings:
     capacity_cpus: float | None = None
     aging: float = DEFAULT_AGING
     max_queue: int = DEFAULT_MAX_QUEUE
+    pools: Sequence[PoolSpec] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, TokenStore):
@@ -136,6 +166,9 @@ class ServerSettings:
             isinstance(self.capacity_cpus, (int, float)) and 0 < self.capacity_cpus < math.inf
         ):
             raise ConfigurationError(f"capacity_cpus={self.capacity_cpus!r} must be a positive number")
+        pool_specs(self.pools)  # unique names
+        if not all(isinstance(p, PoolSpec) for p in self.pools):
+            raise ConfigurationError("pools must be PoolSpec objects (see agentnest.server.pools.load_pools)")
         for name in ("default_lifetime", "reap_interval", "aging", "session_grace"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -212,6 +245,16 @@ class Entry:
         self.channels = 0
         self.gone = asyncio.Event()
         """Set when the server destroys it (ends the streams that hold it)."""
+        self.until: float | None = None
+        """A claimed warm sandbox's deadline as its client asked (the server reaps it then; its
+        engine deadline, set when it was started warm, may be later and stays the backstop)."""
+        self.claimed_at = time.time()
+
+    @property
+    def deadline(self) -> float:
+        if self.until is None:
+            return self.sandbox.deadline
+        return min(self.until, self.sandbox.deadline)
 
 
 class Refused(HTTPException):
@@ -274,6 +317,16 @@ class Service:
         self._capacity_known = settings.capacity_memory is not None and settings.capacity_cpus is not None
         self.metrics: ServerMetrics | None = None
         """Set by the app when prometheus_client is installed."""
+        self.pools: dict[str, WarmPool] = {}
+        for spec in settings.pools:
+            backend_name = spec.backend or self.default_backend
+            if backend_name not in self.backends:
+                raise ConfigurationError(
+                    f"pool {spec.name}: the server has no backend {backend_name!r} "
+                    f"(it has {list(self.backends)})"
+                )
+            self.pools[spec.name] = WarmPool(spec, backend_name, spec.image or self.image)
+        self.pool_wake = asyncio.Event()
 
     async def capacity(self) -> Resources:
         """What all sandboxes may hold together: configured, else what the default backend reports.
@@ -360,6 +413,7 @@ class Service:
         max_wait: float = 0.0,
         on_update: Callable[[Position], Awaitable[None]] | None = None,
         client_gone: Callable[[], Awaitable[object]] | None = None,
+        transfer: Grant | None = None,
     ) -> Grant:
         """Wait for ``tenant``'s turn to hold ``demand`` (see :mod:`agentnest.server.admission`).
 
@@ -372,7 +426,7 @@ class Service:
         """
         await self.capacity()
         try:
-            ticket = self.admission.submit(tenant, demand, band=band, max_wait=max_wait)
+            ticket = self.admission.submit(tenant, demand, band=band, max_wait=max_wait, transfer=transfer)
             if ticket.future.done():
                 return ticket.future.result()
             waiting = asyncio.ensure_future(self.admission.wait(ticket, on_update))
@@ -395,32 +449,11 @@ class Service:
                 raise PolicyDeniedError(exc.detail) from None
             raise AdmissionRefusedError(exc.detail, exc.reason, exc.retry_after) from None
 
-    async def create(
-        self,
-        token: Token,
-        body: s.CreateSandbox,
-        *,
-        on_update: Callable[[Position], Awaitable[None]] | None = None,
-        client_gone: Callable[[], Awaitable[object]] | None = None,
-    ) -> Entry:
+    def _request_terms(
+        self, token: Token, tenant: Tenant, body: s.CreateSandbox
+    ) -> tuple[float, float, int | None, Lease]:
+        """A create's lifetime, queue wait, band and lease, each checked against the token and tenant."""
         ceiling = token.ceiling
-        tenant = self.tenant_of(token)
-        allowed_backends = ceiling.backends or (self.default_backend,)
-        backend_name = body.backend or (
-            self.default_backend if self.default_backend in allowed_backends else allowed_backends[0]
-        )
-        if backend_name not in allowed_backends:
-            raise PolicyDeniedError(
-                f"backend {backend_name!r} is beyond this token's ceiling; "
-                f"it may use {list(allowed_backends)}"
-            )
-        backend = self.backends.get(backend_name)
-        if backend is None:
-            raise ConfigurationError(f"this server has no backend {backend_name!r}; GET /v1/info lists them")
-        image = body.image or self.image
-        if not ceiling.allows_image(image, self.image):
-            allowed = list(ceiling.images) or [self.image]
-            raise PolicyDeniedError(f"image {image!r} is beyond this token's ceiling; allowed: {allowed}")
         if body.timeout is not None and body.timeout > ceiling.max_timeout:
             raise PolicyDeniedError(
                 f"timeout {body.timeout:g}s is beyond this token's max_timeout {ceiling.max_timeout:g}s"
@@ -450,6 +483,51 @@ class Service:
             raise PolicyDeniedError(
                 f"priority {body.priority!r} is above tenant {tenant.name!r}'s band {tenant.priority!r}"
             )
+        return timeout, max_wait, band, lease
+
+    async def create(
+        self,
+        token: Token,
+        body: s.CreateSandbox,
+        *,
+        on_update: Callable[[Position], Awaitable[None]] | None = None,
+        client_gone: Callable[[], Awaitable[object]] | None = None,
+    ) -> Entry:
+        ceiling = token.ceiling
+        tenant = self.tenant_of(token)
+        if body.pool is not None:
+            pool = self._pool_for(token, body)
+            claimed = await self._claim(token, tenant, pool, body, on_update, client_gone)
+            if claimed is not None:
+                return claimed
+            # Drained with when_drained="cold": start one of the pool's kind the usual way.
+            body = body.model_copy(
+                update={
+                    "pool": None,
+                    "image": pool.image,
+                    "backend": pool.backend_name,
+                    "memory": pool.spec.memory,
+                    "cpus": pool.spec.cpus,
+                    "pids": pool.spec.pids,
+                }
+            )
+        allowed_backends = ceiling.backends or (self.default_backend,)
+        backend_name = body.backend or (
+            self.default_backend if self.default_backend in allowed_backends else allowed_backends[0]
+        )
+        if backend_name not in allowed_backends:
+            raise PolicyDeniedError(
+                f"backend {backend_name!r} is beyond this token's ceiling; "
+                f"it may use {list(allowed_backends)}"
+            )
+        backend = self.backends.get(backend_name)
+        if backend is None:
+            raise ConfigurationError(f"this server has no backend {backend_name!r}; GET /v1/info lists them")
+        image = body.image or self.image
+        if not ceiling.allows_image(image, self.image):
+            allowed = list(ceiling.images) or [self.image]
+            raise PolicyDeniedError(f"image {image!r} is beyond this token's ceiling; allowed: {allowed}")
+        timeout, max_wait, band, lease = self._request_terms(token, tenant, body)
         if not body.read_only_root and not ceiling.writable_root:
             raise PolicyDeniedError("a writable root filesystem is beyond this token's ceiling")
         network = self._network(token, body.network)
@@ -573,6 +651,143 @@ class Service:
             max_timeout=ceiling.max_timeout,
         )
 
+    # -- warm pools ------------------------------------------------------------------
+
+    def _pool_for(self, token: Token, body: s.CreateSandbox) -> WarmPool:
+        """The pool a create names, if the token may have its sandboxes and the body asks for nothing else."""
+        pool = self.pools.get(str(body.pool))
+        if pool is None:
+            raise ConfigurationError(f"this server has no pool {body.pool!r:.60}; GET /v1/info lists them")
+        # A warm sandbox is already running: what it was started with cannot change.
+        fixed = sorted(body.model_fields_set & POOL_FIXED)
+        if fixed:
+            raise ConfigurationError(
+                f"a claim from pool {pool.spec.name!r} takes the pool's sandbox as it is; drop {fixed}"
+            )
+        ceiling, spec = token.ceiling, pool.spec
+        allowed_backends = ceiling.backends or (self.default_backend,)
+        problems = []
+        if pool.backend_name not in allowed_backends:
+            problems.append(f"backend {pool.backend_name!r}")
+        if not ceiling.allows_image(pool.image, self.image):
+            problems.append(f"image {pool.image!r}")
+        if spec.memory > ceiling.max_memory:
+            problems.append(f"memory {spec.memory}")
+        if spec.cpus > ceiling.max_cpus:
+            problems.append(f"cpus {spec.cpus:g}")
+        if spec.pids > ceiling.max_pids:
+            problems.append(f"pids {spec.pids}")
+        if "denied" not in ceiling.network:
+            problems.append("network 'denied'")
+        if problems:
+            raise PolicyDeniedError(
+                f"pool {spec.name!r} gives sandboxes beyond this token's ceiling: {', '.join(problems)}"
+            )
+        return pool
+
+    async def _claim(
+        self,
+        token: Token,
+        tenant: Tenant,
+        pool: WarmPool,
+        body: s.CreateSandbox,
+        on_update: Callable[[Position], Awaitable[None]] | None,
+        client_gone: Callable[[], Awaitable[object]] | None,
+    ) -> Entry | None:
+        """A warm sandbox of ``pool`` for ``token``, or None: drained and ``cold`` was asked for."""
+        timeout, max_wait, band, lease = self._request_terms(token, tenant, body)
+        policy = body.when_drained or pool.spec.when_drained
+        started = time.monotonic()
+        async with self.slot(token):
+            warm = pool.take()
+            self.pool_wake.set()
+            if warm is None:
+                if policy == "cold":
+                    self._count_claim(pool, "cold")
+                    return None
+                if policy == "wait":
+                    warm = await _until_gone(pool.wait_for_one(started + max_wait), client_gone)
+                if warm is None:
+                    self._count_claim(pool, "empty")
+                    raise AdmissionRefusedError(
+                        f"pool {pool.spec.name!r} has no warm sandbox"
+                        + (f" within max_wait={max_wait:g}s" if policy == "wait" else " now")
+                        + f"; it refills at {pool.spec.refill_rate:g}/s",
+                        "pool_empty",
+                        max(1.0, math.ceil(1.0 / pool.spec.refill_rate)),
+                    )
+            try:
+                grant = await self.admit(
+                    tenant,
+                    pool.spec.demand,
+                    band=band,
+                    max_wait=max(0.0, max_wait - (time.monotonic() - started)),
+                    on_update=on_update,
+                    client_gone=client_gone,
+                    transfer=warm.grant,
+                )
+            except BaseException:
+                pool.put_back(warm)
+                raise
+            sandbox = warm.sandbox
+            left = sandbox.deadline - time.time()
+            if left < timeout:
+                await sandbox.extend(timeout - left + 1.0)
+            entry = Entry(token.id, sandbox, pool.backend_name, grant, lease)
+            entry.until = time.time() + timeout
+            self.entries[sandbox.id] = entry
+            pool.claimed += 1
+            self._count_claim(pool, "warm")
+            if self.metrics is not None:
+                self.metrics.create_seconds.labels(pool.backend_name, "warm").observe(
+                    time.monotonic() - started
+                )
+            return entry
+
+    def _count_claim(self, pool: WarmPool, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.pool_claims.labels(pool.spec.name, outcome).inc()
+
+    async def start_warm(self, spec: PoolSpec, backend_name: str, image: str) -> AsyncSandbox:
+        """One warm sandbox of a pool (network denied; the defaults of the server otherwise)."""
+        return await AsyncSandbox.create(
+            image,
+            spec.lifetime,
+            memory=spec.memory,
+            cpus=spec.cpus,
+            pids=spec.pids,
+            backend=self.backends[backend_name],
+            security_policy=SecurityPolicy(
+                network=NetworkPolicy.denied(),
+                allowed_images=(image,),
+                max_memory=spec.memory,
+                max_cpus=spec.cpus,
+                max_pids=spec.pids,
+            ),
+            observers=self.settings.observers,
+        )
+
+    async def destroy_sandbox(self, sandbox: AsyncSandbox) -> None:
+        try:
+            await sandbox.destroy()
+        except AgentNestError as exc:
+            log.warning("destroying warm sandbox %s: %s", sandbox.id, exc)
+
+    async def run_pools(self) -> None:
+        """The refill loop: each pool's step, then sleep until woken (a claim) or a tick."""
+        if not self.pools:
+            return
+        await self.capacity()
+        while not self.closed:
+            for pool in self.pools.values():
+                try:
+                    await pool.refill(self.admission, self.start_warm, self.destroy_sandbox)
+                except Exception:  # one pool's failure must not stop the others' refills
+                    log.exception("refilling pool %s", pool.spec.name)
+            self.pool_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.pool_wake.wait(), POOL_TICK)
+
     async def fork(self, token: Token, parent: Entry, timeout: float | None) -> Entry:
         """A copy of ``parent`` for ``token``: admitted like a create, without waiting."""
         limits = parent.sandbox.config.limits
@@ -612,7 +827,7 @@ class Service:
         grace = self.settings.session_grace
         for entry in list(self.entries.values()):
             expires = entry.lease.expires(grace)
-            if expires is not None and expires <= clock and entry.sandbox.deadline > now:
+            if expires is not None and expires <= clock and entry.deadline > now:
                 lease = entry.lease
                 why = (
                     f"no use for {lease.idle_timeout:g}s"
@@ -631,11 +846,13 @@ class Service:
                 if self.metrics is not None:
                     self.metrics.lease_expiries.labels(entry.grant.tenant, lease.kind).inc()
                 await self.destroy(entry)
-            elif entry.sandbox.deadline <= now:
+            elif entry.deadline <= now:
                 await self.destroy(entry)
 
     async def close(self) -> None:
         self.closed = True
+        for pool in self.pools.values():
+            await pool.close(self.admission, self.destroy_sandbox)
         entries = list(self.entries.values())
         async with anyio.create_task_group() as tg:
             for entry in entries:
@@ -665,8 +882,8 @@ class Service:
             backend=entry.backend_name,
             oci_runtime=backend.oci_runtime,
             created=entry.created,
-            deadline=sandbox.deadline,
-            expires_in=max(0.0, round(sandbox.deadline - time.time(), 3)),
+            deadline=entry.deadline,
+            expires_in=max(0.0, round(entry.deadline - time.time(), 3)),
             running=running,
             memory=config.limits.memory,
             cpus=config.limits.cpus,

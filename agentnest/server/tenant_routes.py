@@ -1,6 +1,6 @@
 """``/v1/tenants``: tenants over HTTP.  Admin tokens manage every tenant; any token reads its own.
 
-.. versionadded:: 0.5.0
+.. versionadded:: 0.4.0
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the route annotations as objects.

@@ -10,7 +10,7 @@ Tenants live in the token file beside the tokens, so one atomic file holds
 both and a running server sees changes at once.  This module imports no web
 framework.
 
-.. versionadded:: 0.5.0
+.. versionadded:: 0.4.0
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from ..errors import ConfigurationError
 #: Priority bands, best first.  A request may ask for its tenant's band or a lower one.
 BANDS = ("high", "normal", "low")
 DEFAULT_TENANT = "default"
+#: The prefix of a warm pool's own tenant (Tenant.for_pool).
+POOL_PREFIX = "pool:"
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 #: The longest any request may wait in a queue, whatever a tenant says (APF waits at most 1 min;
 #: a sandbox start is worth longer, but a client must get an answer within minutes).
@@ -74,7 +76,8 @@ class Tenant:
     """The longest ``max_wait`` a request may ask for (asking for more is refused)."""
 
     def __post_init__(self) -> None:
-        check_tenant_name(self.name)
+        if not self.name.startswith(POOL_PREFIX):  # set only by for_pool: no real name has a ':'
+            check_tenant_name(self.name)
         if self.priority not in BANDS:
             raise ConfigurationError(f"priority {self.priority!r} is unknown; use one of {list(BANDS)}")
         for name in ("max_sandboxes", "burst", "max_queued"):
@@ -102,6 +105,23 @@ class Tenant:
             raise ConfigurationError(
                 f"tenant default_wait={self.default_wait:g} is above its max_wait={self.max_wait:g}"
             )
+
+    @classmethod
+    def for_pool(cls, pool: str, *, max_sandboxes: int, rate: float) -> Tenant:
+        """The tenant a warm pool holds its unclaimed sandboxes as: the lowest band, its
+        refill pace as the create rate, at most ``max_sandboxes``; bounded otherwise only by
+        the server's capacity.  Its name (``pool:NAME``) cannot be a real tenant's."""
+        return cls(
+            POOL_PREFIX + check_tenant_name(pool),
+            priority="low",
+            max_sandboxes=max_sandboxes,
+            max_memory=1 << 62,
+            max_cpus=1e9,
+            rate=rate,
+            burst=1,
+            max_queued=max_sandboxes,
+            default_wait=0.0,
+        )
 
     @property
     def band(self) -> int:

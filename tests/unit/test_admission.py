@@ -258,3 +258,24 @@ def test_tenant_settings_are_validated_with_the_fix_named() -> None:
     assert Tenant("a", max_memory="2g").max_memory == 2 * GIB  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="cannot change"):
         Tenant("a").updated({"name": "b"})
+
+
+async def test_a_tenant_without_a_queue_is_still_admitted_when_there_is_room() -> None:
+    adm = Admission(Resources(1, 8 * GIB, 8))
+    a = tenant("a", max_queued=0)
+    grant = await adm.acquire(a, ONE, max_wait=10)
+    with pytest.raises(Rejected) as refused:
+        adm.submit(a, ONE, max_wait=10)
+    assert refused.value.reason == "queue_full" and adm.queued == 0
+    adm.release(grant)
+
+
+async def test_a_transfer_needs_no_new_room_and_moves_the_holding() -> None:
+    adm = Admission(Resources(1, 8 * GIB, 8))
+    pool = Tenant.for_pool("py", max_sandboxes=1, rate=10.0)
+    warm = await adm.acquire(pool, ONE, max_wait=0)
+    claimed = await adm.acquire(tenant("a"), ONE, max_wait=0, transfer=warm)
+    assert warm.released and adm.holdings("pool:py") == Resources() and adm.holdings("a") == ONE
+    assert adm.held == ONE, "the server's total did not change: the sandbox changed hands"
+    adm.release(claimed)
+    assert adm.held == Resources()
