@@ -433,7 +433,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 pass
 
         entry = await service.create(token, body, client_gone=client_gone)
-        return await service.describe(entry)
+        return await service.describe(entry, fresh=True)
 
     @app.get("/v1/sandboxes", response_model=s.SandboxList, responses=errors, tags=["sandboxes"])
     async def list_sandboxes(token: TokenDep) -> s.SandboxList:
@@ -544,7 +544,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         """Branch a sandbox into a new one of this token (counts against max_sandboxes)."""
         entry = await owned(token, sandbox_id)
         new = await service.fork(token, entry, body.timeout if body is not None else None)
-        return await service.describe(new)
+        return await service.describe(new, fresh=True)
 
     # -- routes: commands ---------------------------------------------------------------
 
@@ -960,7 +960,7 @@ async def _create_events(service: Service, token: Token, body: s.CreateSandbox) 
         except Refused as exc:
             yield _event("error", {"detail": str(exc.detail), "code": exc.code, "status": exc.status_code})
             return
-        yield _event("created", (await service.describe(entry)).model_dump())
+        yield _event("created", (await service.describe(entry, fresh=True)).model_dump())
     finally:
         if not task.done():
             task.cancel()

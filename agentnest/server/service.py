@@ -863,7 +863,9 @@ class Service:
 
     # -- descriptions ------------------------------------------------------------
 
-    async def describe(self, entry: Entry) -> s.SandboxOut:
+    async def describe(self, entry: Entry, *, fresh: bool = False) -> s.SandboxOut:
+        """The wire description; ``fresh``: just started or claimed, so running without asking the
+        engine (an inspect costs ~8 ms, a third of a warm claim)."""
         sandbox = entry.sandbox
         config = sandbox.config
         backend = sandbox.backend
@@ -875,7 +877,10 @@ class Service:
             running = backend.is_running(handle)
             return running, None if running else backend.exit_reason(handle)
 
-        running, reason = await anyio.to_thread.run_sync(state)
+        if fresh and not sandbox.destroyed:
+            running, reason = True, None
+        else:
+            running, reason = await anyio.to_thread.run_sync(state)
         return s.SandboxOut(
             id=sandbox.id,
             image=config.image,

@@ -178,6 +178,15 @@ def test_shares_follow_the_weights_under_load_and_every_rejection_says_when_to_r
     assert service.admission.held.sandboxes == 0 and service.admission.queued == 0
 
 
+#: Tries a TCP connection and prints the error's name (a pool sandbox has no network).
+CONNECT_PROBE = """
+import socket
+try:
+    socket.create_connection(("127.0.0.1", 9), 2)
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+
 #: A client that takes a session-lease sandbox through the remote backend and then waits to die.
 CLIENT = """
 import sys
@@ -236,3 +245,34 @@ def test_a_crashed_client_s_session_sandbox_is_reaped_within_the_grace_and_its_q
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=120) as http:
             again = http.post("/v1/sandboxes", json={"memory": "64m", "max_wait": 0})
             assert again.status_code == 201, "the tenant's one slot is free again: " + again.text
+
+
+def test_a_warm_pool_claim_on_the_engine_is_a_ready_sandbox_and_the_pool_refills(
+    tmp_path: Path, engine_backends: dict[str, str], backend_name: str
+) -> None:
+    from agentnest.server.pools import PoolSpec
+
+    pool = PoolSpec("py", backend=backend_name, memory=64 << 20, min=1, max=2, refill_rate=5.0)
+    settings, secrets = _server(tmp_path, engine_backends, max_sandboxes=4, pools=(pool,))
+    app = create_app(settings)
+    service: Service = app.state.service
+    warm = service.pools["py"]
+    with serve_in_thread(app) as url:
+        headers = {"Authorization": f"Bearer {secrets['double']}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=120) as http:
+            wait_until(lambda: len(warm.ready) == 1, "the pool's first warm sandbox", within=120)
+            ready_id = warm.ready[0].sandbox.id
+            started = time.monotonic()
+            made = http.post("/v1/sandboxes", json={"pool": "py", "timeout": 120})
+            ran = http.post(f"/v1/sandboxes/{made.json()['id']}/exec", json={"shell": "echo warm; id -u"})
+            took = time.monotonic() - started
+            assert made.status_code == 201 and made.json()["id"] == ready_id
+            assert ran.json()["stdout"].startswith("warm\n") and ran.json()["stdout"].split()[1] != "0"
+            print(f"\nwarm claim + first command over HTTP: {took * 1e3:.1f} ms ({backend_name})")
+            # The claimed sandbox has no network, as every pool sandbox.
+            probe = http.post(f"/v1/sandboxes/{ready_id}/exec", json={"python": CONNECT_PROBE})
+            assert probe.json()["stdout"].strip() in {"ConnectionRefusedError", "OSError", "PermissionError"}
+            wait_until(lambda: len(warm.ready) == 1, "the pool refilling after the claim", within=120)
+            assert warm.ready[0].sandbox.id != ready_id
+            assert service.admission.holdings("double").sandboxes == 1
+    assert not service.entries and not warm.ready
