@@ -13,6 +13,7 @@ from .config import (
     SnapshotMetadata,
 )
 from .errors import (
+    AdmissionRefusedError,
     AgentNestError,
     AuditError,
     BackendError,
@@ -48,6 +49,7 @@ from .session import DisplayItem, PythonSession, PythonSessionInfo, SessionResul
 from .templates import Template
 
 __all__ = [
+    "AdmissionRefusedError",
     "AgentNestError",
     "ApprovalRequest",
     "Artifact",
