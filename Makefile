@@ -5,18 +5,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo test unit integration escapes lint docs bench engine image storage venv clean
+.PHONY: demo test unit integration escapes lint docs bench engine image storage postgres venv clean
 
 demo: engine venv image storage
 	$(BIN)/agentnest demo
 
-test: engine venv image storage lint docs
+test: engine venv image storage postgres lint docs
 	AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q tests
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
 
-integration: engine venv image storage
+integration: engine venv image storage postgres
 	$(BIN)/pytest -q tests/integration
 
 escapes: engine venv image storage
@@ -38,6 +38,10 @@ bench: engine venv image storage
 
 engine:
 	bash scripts/setup-engine.sh
+
+# PostgreSQL's binaries for the manager's database tests (each run starts its own server).
+postgres:
+	bash scripts/setup-postgres.sh
 
 image: engine venv
 	$(BIN)/agentnest image base

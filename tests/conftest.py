@@ -78,3 +78,33 @@ def docker_client() -> Iterator[object]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[object]:
+    """A private PostgreSQL server for the whole run (its own port and data directory).
+
+    Missing binaries skip the test, except under ``make test`` (AGENTNEST_REQUIRE_ENGINE=1),
+    which installs them first (scripts/setup-postgres.sh): there it is an error.
+    """
+    from agentnest.testing.postgres import postgres_server as start
+
+    try:
+        with start() as server:
+            yield server
+    except LookupError as exc:
+        if REQUIRE_ENGINE:
+            pytest.fail(f"{exc} (AGENTNEST_REQUIRE_ENGINE=1)")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: object) -> str:
+    """A fresh, empty database: a SQLite file, or a new database on the private PostgreSQL server."""
+    import uuid
+    from pathlib import Path
+
+    if request.param == "sqlite":
+        return f"sqlite:///{Path(str(tmp_path)) / 'manager.db'}"
+    server = request.getfixturevalue("postgres_server")
+    return str(server.create_database(f"t{uuid.uuid4().hex[:12]}"))
