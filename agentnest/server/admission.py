@@ -236,7 +236,7 @@ class Admission:
         self._release_rate: float | None = None
         self._last_release: float | None = None
         #: Called after each decision: ("granted"|"rejected", tenant, reason or None, waited seconds).
-        self.on_decision: Callable[[str, str, str | None, float], None] | None = None
+        self.on_decision: list[Callable[[str, str, str | None, float], None]] = []
 
     # -- state -------------------------------------------------------------------
 
@@ -570,8 +570,8 @@ class Admission:
             changed.set()
 
     def _decided(self, outcome: str, tenant: str, reason: str | None, waited: float) -> None:
-        if self.on_decision is not None:
-            self.on_decision(outcome, tenant, reason, waited)
+        for hook in self.on_decision:
+            hook(outcome, tenant, reason, waited)
 
 
 _WHY = {

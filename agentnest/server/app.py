@@ -61,6 +61,7 @@ from ..errors import (
 )
 from . import schemas as s
 from .admission import Position
+from .audit_routes import add_audit_routes
 from .auth import AuthError, Token
 from .channel_audit import ChannelAudit
 from .service import (
@@ -216,6 +217,10 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 except AgentNestError as exc:  # e.g. the engine is down at start: say so, serve on
                     log.error("warm pools stopped: %s", exc)
 
+            # The database first (bounded: its connect timeout), so the first create finds it
+            # migrated; if it is down the server serves on and keeps trying (/readyz says why).
+            opened = await service.open_database()
+            tg.start_soon(service.run_database, opened)
             tg.start_soon(reaper)
             tg.start_soon(pools)
             try:
@@ -324,8 +329,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     @app.get("/readyz", response_model=s.ReadyOut, responses={503: {"model": s.ReadyOut}}, tags=["server"])
     async def readyz() -> Response:
-        """Readiness: the token file reads and every backend answers now (no token; 503 naming
-        what failed, so a load balancer sends no client here while it is not ready)."""
+        """Readiness: the token file reads, every backend answers now, and the database answers
+        at the newest migration (no token; 503 naming what failed, so a load balancer sends no
+        client here while it is not ready)."""
         checks: dict[str, str] = {}
         try:
             await anyio.to_thread.run_sync(settings.tokens.list)
@@ -342,6 +348,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 checks[f"backend:{name}"] = f"did not answer within {READY_TIMEOUT:g}s"
             except AgentNestError as exc:
                 checks[f"backend:{name}"] = str(exc)[:300]
+        if service.recorder is not None:
+            try:
+                await service.recorder.ping()
+                checks["database"] = "ok"
+            except AgentNestError as exc:
+                checks["database"] = str(exc)[:300]
         ready = all(v == "ok" for v in checks.values()) and not service.closed
         body = s.ReadyOut(status="ready" if ready else "not ready", checks=checks)
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
@@ -402,6 +414,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         )
 
     add_tenant_routes(app, service, TokenDep, errors)
+    add_audit_routes(app, service, TokenDep, errors)
 
     # -- routes: sandboxes -----------------------------------------------------------
 

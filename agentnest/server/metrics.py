@@ -148,7 +148,7 @@ class ServerMetrics:
             ["pool", "outcome"],
             registry=self.registry,
         )
-        service.admission.on_decision = self.decided
+        service.admission.on_decision.append(self.decided)
 
     def decided(self, outcome: str, tenant: str, reason: str | None, waited: float) -> None:
         self.admissions.labels(tenant, outcome, reason or "").inc()

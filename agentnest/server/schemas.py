@@ -64,6 +64,8 @@ ERROR_CODES: dict[str, tuple[int, type[AgentNestError]]] = {
     "image_not_found": (400, ImageNotFoundError),
     "verification": (409, VerificationError),
     "runtime_unavailable": (503, RuntimeNotAvailableError),
+    # The manager's database is down: nothing is admitted that cannot be recorded.
+    "database_unavailable": (503, RuntimeNotAvailableError),
     "backend": (502, BackendError),
     "channel": (502, ChannelError),
     "missing_dependency": (501, MissingDependencyError),
@@ -465,3 +467,41 @@ __all__ = [
     "error_code",
     "rebuild_error",
 ]
+
+
+class AuditEventOut(BaseModel):
+    """One record of the manager's audit history (``id`` orders them; it is the paging cursor)."""
+
+    id: int
+    event_id: str
+    time: float
+    tenant: str
+    token: str | None
+    sandbox_id: str
+    """Empty for admission decisions (no sandbox yet)."""
+    type: str
+    actor: str
+    data: dict[str, Any]
+
+
+class AuditPage(BaseModel):
+    events: list[AuditEventOut]
+    next: int
+    """Pass as ``after`` for the next page (or to follow: only newer events)."""
+
+
+class UsageOut(BaseModel):
+    """What one tenant used in the window (held time counted while the sandbox existed)."""
+
+    tenant: str
+    creates: int
+    sandbox_seconds: float
+    cpu_seconds: float
+    memory_gib_seconds: float
+    rejections: int
+
+
+class UsageList(BaseModel):
+    since: float
+    until: float
+    usage: list[UsageOut]

@@ -48,10 +48,11 @@ from .admission import DEFAULT_AGING, DEFAULT_MAX_QUEUE, Admission, Grant, Posit
 from .auth import Token, TokenStore
 from .channel_audit import Emit
 from .pools import POOL_TICK, PoolSpec, WarmPool, pool_specs
-from .tenants import BANDS, Tenant
+from .tenants import BANDS, POOL_PREFIX, Tenant
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
+    from .recorder import Recorder
 
 log = logging.getLogger("agentnest.server")
 T = TypeVar("T")
@@ -65,6 +66,8 @@ MAX_CHANNELS = 4
 #: Python sessions per sandbox.
 MAX_SESSIONS = 8
 _DEFAULTS = ResourceLimits()
+#: History the database keeps unless told otherwise: 30 days.
+DEFAULT_RETENTION = 30 * 86400.0
 #: What a claim from a warm pool cannot ask for: the warm sandbox is already running.
 POOL_FIXED = frozenset(
     {
@@ -126,6 +129,11 @@ class ServerSettings:
         aging: seconds after which a queued create moves up one priority band.
         max_queue: creates waiting at once on the whole server (429 ``queue_full`` beyond).
         pools: warm pools (:mod:`agentnest.server.pools`) a create may claim from by name.
+        database: the audit and usage database (:mod:`agentnest.server.db`): ``sqlite:///PATH``
+            or ``postgresql://...`` (``None``: none; the JSONL audit log only).
+        retention: seconds of history the database keeps (``None``: forever).
+        migrate: bring the database's schema up to date at start (else it must be already:
+            ``agentnest serve db upgrade``).
     """
 
     tokens: TokenStore
@@ -146,6 +154,9 @@ class ServerSettings:
     aging: float = DEFAULT_AGING
     max_queue: int = DEFAULT_MAX_QUEUE
     pools: Sequence[PoolSpec] = ()
+    database: str | None = None
+    retention: float | None = DEFAULT_RETENTION
+    migrate: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, TokenStore):
@@ -169,6 +180,14 @@ class ServerSettings:
         pool_specs(self.pools)  # unique names
         if not all(isinstance(p, PoolSpec) for p in self.pools):
             raise ConfigurationError("pools must be PoolSpec objects (see agentnest.server.pools.load_pools)")
+        if self.retention is not None and not (
+            isinstance(self.retention, (int, float))
+            and not isinstance(self.retention, bool)
+            and self.retention > 0
+        ):
+            raise ConfigurationError(
+                f"retention={self.retention!r} must be a positive number of seconds or None"
+            )
         for name in ("default_lifetime", "reap_interval", "aging", "session_grace"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -327,6 +346,14 @@ class Service:
                 )
             self.pools[spec.name] = WarmPool(spec, backend_name, spec.image or self.image)
         self.pool_wake = asyncio.Event()
+        self.recorder: Recorder | None = None
+        """The audit and usage database's writer (``None``: the server keeps no database)."""
+        if settings.database is not None:
+            from .db import Database
+            from .recorder import Recorder
+
+            self.recorder = Recorder(Database(settings.database), retention=settings.retention)
+            self.admission.on_decision.append(self.recorder.decision)
 
     async def capacity(self) -> Resources:
         """What all sandboxes may hold together: configured, else what the default backend reports.
@@ -552,6 +579,7 @@ class Service:
         scratch = body.scratch_size if body.scratch_size is not None else min(_DEFAULTS.scratch, memory // 8)
         cpus = body.cpus if body.cpus is not None else min(_DEFAULTS.cpus, ceiling.max_cpus)
         async with self.slot(token):
+            await self.require_database()
             grant = await self.admit(
                 tenant,
                 Resources(1, memory, cpus),
@@ -577,7 +605,7 @@ class Service:
                         backend=backend,
                         read_only_root=body.read_only_root,
                         security_policy=policy,
-                        observers=self.settings.observers,
+                        observers=self.observers(tenant.name, token.id),
                     )
                 except BaseException as exc:
                     self.admission.release(grant)
@@ -590,6 +618,7 @@ class Service:
                     )
                 entry = Entry(token.id, sandbox, backend_name, grant, lease)
                 self.entries[sandbox.id] = entry
+                self._started(entry, "cold")
                 return entry
 
             # Once admitted, the start runs to its end even if the client goes away: the
@@ -699,6 +728,7 @@ class Service:
         policy = body.when_drained or pool.spec.when_drained
         started = time.monotonic()
         async with self.slot(token):
+            await self.require_database()
             warm = pool.take()
             self.pool_wake.set()
             if warm is None:
@@ -736,6 +766,7 @@ class Service:
             entry = Entry(token.id, sandbox, pool.backend_name, grant, lease)
             entry.until = time.time() + timeout
             self.entries[sandbox.id] = entry
+            self._started(entry, "warm")
             pool.claimed += 1
             self._count_claim(pool, "warm")
             if self.metrics is not None:
@@ -764,7 +795,7 @@ class Service:
                 max_cpus=spec.cpus,
                 max_pids=spec.pids,
             ),
-            observers=self.settings.observers,
+            observers=self.observers(POOL_PREFIX + spec.name, None),
         )
 
     async def destroy_sandbox(self, sandbox: AsyncSandbox) -> None:
@@ -788,10 +819,99 @@ class Service:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.pool_wake.wait(), POOL_TICK)
 
+    # -- the database ----------------------------------------------------------------
+
+    def observers(self, tenant: str, token: str | None) -> tuple[Observer, ...]:
+        """The event sinks of a new sandbox: the server's, and the database tagged with its owner.
+
+        The owner is looked up per event: a warm sandbox's events belong to its
+        pool until a claim, then to the claiming tenant and token.
+        """
+        recorder = self.recorder
+        if recorder is None:
+            return tuple(self.settings.observers)
+
+        def owner(sandbox_id: str) -> tuple[str, str | None]:
+            entry = self.entries.get(sandbox_id)  # a dict read: safe from the guard's threads
+            return (tenant, token) if entry is None else (entry.grant.tenant, entry.token_id)
+
+        return (*self.settings.observers, recorder.observer(owner))
+
+    def _started(self, entry: Entry, launch: str) -> None:
+        if self.recorder is None:
+            return
+        limits = entry.sandbox.config.limits
+        self.recorder.started(
+            entry.sandbox.id,
+            tenant=entry.grant.tenant,
+            token=entry.token_id,
+            backend=entry.backend_name,
+            image=entry.sandbox.config.image,
+            launch=launch,
+            memory=limits.memory,
+            cpus=limits.cpus,
+        )
+
+    async def require_database(self) -> None:
+        """Refuse a create with 503 ``database_unavailable`` while the database is down:
+        an admission that cannot be recorded is not made (running sandboxes are not touched)."""
+        if self.recorder is None:
+            return
+        try:
+            await self.recorder.require()
+        except AgentNestError as exc:
+            raise Refused(
+                503, "database_unavailable", f"{exc}; creates resume when it answers", {"Retry-After": "5"}
+            ) from None
+
+    async def open_database(self) -> bool:
+        """Migrate (or check) the database once; False if it is unreachable now (logged)."""
+        recorder = self.recorder
+        if recorder is None:
+            return True
+        db = recorder.database
+        try:
+            if self.settings.migrate:
+                before, after = await anyio.to_thread.run_sync(db.upgrade)
+                if before != after:
+                    log.info("database %s migrated from %s to %s", db.display, before or "nothing", after)
+            await recorder.ping()
+            if db.dialect == "sqlite":
+                # One server per SQLite file: rows another run left open ended with it.
+                closed = await anyio.to_thread.run_sync(db.close_open, None)
+                if closed:
+                    log.info("database: %d sandboxes of an earlier run marked ended", closed)
+        except AgentNestError as exc:
+            log.error("%s", exc)
+            return False
+        return True
+
+    async def run_database(self, opened: bool = False) -> None:
+        """Until cancelled: open the database (retrying unless ``opened``), write what is
+        recorded, apply the retention."""
+        recorder = self.recorder
+        if recorder is None:
+            return
+        while not opened and not await self.open_database():
+            await anyio.sleep(5.0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(recorder.run)
+            if recorder.retention is not None:
+                every = min(3600.0, recorder.retention / 4)
+                while True:
+                    try:
+                        pruned = await recorder.prune()
+                        if pruned:
+                            log.info("database: %d records past the retention deleted", pruned)
+                    except AgentNestError as exc:
+                        log.warning("database retention: %s", exc)
+                    await anyio.sleep(every)
+
     async def fork(self, token: Token, parent: Entry, timeout: float | None) -> Entry:
         """A copy of ``parent`` for ``token``: admitted like a create, without waiting."""
         limits = parent.sandbox.config.limits
         async with self.slot(token):
+            await self.require_database()
             grant = await self.admit(self.tenant_of(token), Resources(1, limits.memory, limits.cpus))
             try:
                 child = await parent.sandbox.fork(timeout=timeout)
@@ -802,10 +922,12 @@ class Service:
             lease = Lease(parent.lease.kind, parent.lease.idle_timeout)
             entry = Entry(token.id, child, parent.backend_name, grant, lease)
             self.entries[child.id] = entry
+            self._started(entry, "fork")
         return entry
 
-    async def destroy(self, entry: Entry) -> None:
-        self.entries.pop(entry.sandbox.id, None)
+    async def destroy(self, entry: Entry, reason: str = "destroyed") -> None:
+        if self.entries.pop(entry.sandbox.id, None) is not None and self.recorder is not None:
+            self.recorder.ended(entry.sandbox.id, reason)
         self.admission.release(entry.grant)
         entry.gone.set()
         for session in list(entry.sessions.values()):
@@ -845,9 +967,9 @@ class Service:
                     )
                 if self.metrics is not None:
                     self.metrics.lease_expiries.labels(entry.grant.tenant, lease.kind).inc()
-                await self.destroy(entry)
+                await self.destroy(entry, "lease_expired")
             elif entry.deadline <= now:
-                await self.destroy(entry)
+                await self.destroy(entry, "deadline")
 
     async def close(self) -> None:
         self.closed = True
@@ -856,7 +978,10 @@ class Service:
         entries = list(self.entries.values())
         async with anyio.create_task_group() as tg:
             for entry in entries:
-                tg.start_soon(self.destroy, entry)
+                tg.start_soon(self.destroy, entry, "server_stopped")
+        if self.recorder is not None:
+            await self.recorder.close()
+            self.recorder.database.close()
         if self._work_dir is not None and self.settings.work_dir is None:
             shutil.rmtree(self._work_dir, ignore_errors=True)
             self._work_dir = None
