@@ -27,6 +27,14 @@ examples:
   agentnest audit --sandbox 3f2a --since 1h    # one sandbox, the last hour
   agentnest audit --type exec.started --type policy.denied
   agentnest audit --follow --json | jq .       # new events as they come
+
+With --server URL it reads the history of an `agentnest serve` manager
+instead (its database; --token or $AGENTNEST_REMOTE_TOKEN): every tenant's
+with an admin token, else the token's own tenant's.
+
+  agentnest audit --server http://127.0.0.1:8700 --tenant team-a --since 1h
+  agentnest audit --server http://127.0.0.1:8700 --follow --type admission.rejected
+  agentnest audit --server http://127.0.0.1:8700 --usage --since 1d
 """
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -62,6 +70,14 @@ def register(commands: Commands) -> None:
         default=0.5,
         metavar="SECONDS",
         help="how often --follow polls the file (default 0.5)",
+    )
+    parser.add_argument("--server", metavar="URL", help="read an agentnest serve manager's history")
+    parser.add_argument("--token", help="with --server: the bearer token (default $AGENTNEST_REMOTE_TOKEN)")
+    parser.add_argument("--tenant", help="with --server: only this tenant (admin tokens)")
+    parser.add_argument(
+        "--usage",
+        action="store_true",
+        help="with --server: usage per tenant over --since/--until (default the last day)",
     )
     # For tests and scripts: stop --follow after this many printed events.
     parser.add_argument("--max-events", type=int, default=None, help=argparse.SUPPRESS)
@@ -170,15 +186,25 @@ def handle(args: argparse.Namespace) -> int:
     """Print the matching events; with ``--follow`` keep going."""
     from ..audit import default_audit_path, rotated_paths
 
+    show: Callable[[dict[str, Any]], str] = (
+        (lambda e: json.dumps(e, separators=(",", ":"))) if args.json else render
+    )
+    if args.server is not None:
+        if args.file is not None:
+            error("pass either --file or --server, not both")
+            return 2
+        from .audit_server import handle_server
+
+        return handle_server(args, show)
+    if args.tenant is not None or args.usage or args.token is not None:
+        error("--tenant, --usage and --token go with --server URL")
+        return 2
     path: Path = args.file.expanduser() if args.file is not None else default_audit_path()
     keep = Filter(
         sandbox=args.sandbox,
         types=frozenset(args.types) if args.types else None,
         since=args.since,
         until=args.until,
-    )
-    show: Callable[[dict[str, Any]], str] = (
-        (lambda e: json.dumps(e, separators=(",", ":"))) if args.json else render
     )
     limit: int | None = args.max_events
     printed = 0

@@ -109,10 +109,28 @@ def register(commands: Commands) -> None:
     parser.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default info)"
     )
+    _database_option(parser)
+    parser.add_argument(
+        "--no-database",
+        action="store_true",
+        help="keep no audit and usage database (/v1/audit and /v1/usage then answer 409)",
+    )
+    parser.add_argument(
+        "--retention",
+        type=_days,
+        default=30.0,
+        metavar="DAYS",
+        help="days of audit and usage history the database keeps; 0 keeps everything (default 30)",
+    )
+    parser.add_argument(
+        "--no-migrate",
+        action="store_true",
+        help="do not migrate the database at start; refuse to serve until `serve db upgrade` has",
+    )
     parser.add_argument("--openapi", action="store_true", help="print the OpenAPI document and exit")
     parser.set_defaults(handler=handle)
 
-    sub = parser.add_subparsers(dest="serve_command", metavar="token|tenant", title="management")
+    sub = parser.add_subparsers(dest="serve_command", metavar="token|tenant|db", title="management")
     token = sub.add_parser(
         "token",
         help="create, list or revoke tokens",
@@ -187,6 +205,7 @@ def register(commands: Commands) -> None:
     revoke.set_defaults(handler=handle_revoke)
 
     _register_tenants(sub)
+    _register_db(sub)
 
 
 _TENANTS_HELP = """\
@@ -275,6 +294,75 @@ def _register_tenants(sub: Any) -> None:
     _tokens_option(delete)
     delete.add_argument("name")
     delete.set_defaults(handler=handle_tenant_delete)
+
+
+_DB_HELP = """\
+The manager's audit history and usage live in one database: a SQLite file by
+default ($XDG_STATE_HOME/agentnest/manager.db), or PostgreSQL for replicas
+(--database postgresql://USER:PASS@HOST:5432/DB, or $AGENTNEST_DATABASE_URL).
+`agentnest serve` migrates it at start unless --no-migrate; `db upgrade` does
+it ahead of a rollout, `db current` shows where it is.
+
+examples:
+  agentnest serve db current
+  agentnest serve db upgrade --database postgresql://agentnest@db:5432/agentnest
+"""
+
+
+def _register_db(sub: Any) -> None:
+    db = sub.add_parser(
+        "db",
+        help="migrate the audit and usage database, or show its migration",
+        description="Manage the server's audit and usage database schema.",
+        epilog=_DB_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    upgrade = _action(actions, "upgrade", "migrate the database to this version's schema", _DB_HELP)
+    _database_option(upgrade)
+    upgrade.set_defaults(handler=handle_db_upgrade)
+    current = _action(actions, "current", "print the database's migration and this version's", _DB_HELP)
+    _database_option(current)
+    current.set_defaults(handler=handle_db_current)
+
+
+def _database_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database",
+        metavar="URL",
+        help="sqlite:///PATH or postgresql://USER:PASS@HOST:PORT/DB "
+        "(default: $AGENTNEST_DATABASE_URL, else $XDG_STATE_HOME/agentnest/manager.db)",
+    )
+
+
+def _database(args: argparse.Namespace) -> Any:
+    from ..server.db import Database, default_database_url
+
+    return Database(args.database or default_database_url())
+
+
+def handle_db_upgrade(args: argparse.Namespace) -> int:
+    db = _database(args)
+    try:
+        before, after = db.upgrade()
+    finally:
+        db.close()
+    if before == after:
+        print(f"{db.display}: already at {after}", file=sys.stderr)
+    else:
+        print(f"{db.display}: migrated from {before or 'nothing'} to {after}", file=sys.stderr)
+    return 0
+
+
+def handle_db_current(args: argparse.Namespace) -> int:
+    db = _database(args)
+    try:
+        current, head = db.revision(), db.head()
+    finally:
+        db.close()
+    state = "up to date" if current == head else "needs `agentnest serve db upgrade`"
+    print(f"{db.display}: at {current or 'nothing'}, this version needs {head} ({state})")
+    return 0 if current == head else 1
 
 
 def _tenant_changes(args: argparse.Namespace) -> dict[str, Any]:
@@ -376,6 +464,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _days(text: str) -> float:
+    """A retention in days; 0 keeps everything."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    if not 0 <= value <= 36_500:
+        raise argparse.ArgumentTypeError(f"{text!r} is not from 0 to 36500 days")
+    return value
+
+
 def _count_or_zero(text: str) -> int:
     return 0 if text.strip() == "0" else _count(text)
 
@@ -431,7 +530,22 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         aging=args.aging,
         max_queue=args.max_queue,
         pools=() if args.pools is None else tuple(load_pools(args.pools)),
+        database=_database_url(args),
+        retention=args.retention * 86400 if args.retention else None,
+        migrate=not args.no_migrate,
     )
+
+
+def _database_url(args: argparse.Namespace) -> str | None:
+    from ..server.db import default_database_url, parse_url
+
+    if args.no_database:
+        if args.database is not None:
+            raise ConfigurationError("pass either --database URL or --no-database, not both")
+        return None
+    url = args.database or default_database_url()
+    parse_url(url)  # a bad URL is an error now, not a log line once serving
+    return str(url)
 
 
 def handle(args: argparse.Namespace) -> int:
