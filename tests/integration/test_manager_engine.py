@@ -276,3 +276,35 @@ def test_a_warm_pool_claim_on_the_engine_is_a_ready_sandbox_and_the_pool_refills
             assert warm.ready[0].sandbox.id != ready_id
             assert service.admission.holdings("double").sandboxes == 1
     assert not service.entries and not warm.ready
+
+
+def test_a_real_sandbox_s_history_and_usage_land_in_the_postgresql_database(
+    tmp_path: Path, engine_backends: dict[str, str], postgres_server: Any
+) -> None:
+    database = postgres_server.create_database(f"engine_{tmp_path.name[-20:].lower().replace('-', '_')}")
+    settings, secrets = _server(tmp_path, engine_backends, database=database)
+    _, admin = settings.tokens.create("ops", Ceiling(), admin=True)
+    app = create_app(settings)
+    with serve_in_thread(app) as url:
+        http = httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {secrets['double']}"}, timeout=120
+        )
+        ops = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=120)
+        with http, ops:
+            made = http.post("/v1/sandboxes", json={"memory": "64m", "cpus": 0.5})
+            assert made.status_code == 201, made.text
+            sandbox = made.json()["id"]
+            ran = http.post(f"/v1/sandboxes/{sandbox}/exec", json={"shell": "id -u; echo in-the-engine"})
+            assert ran.json()["stdout"].endswith("in-the-engine\n")
+            assert http.delete(f"/v1/sandboxes/{sandbox}").status_code == 200
+            events = ops.get("/v1/audit", params={"sandbox": sandbox, "limit": 1000}).json()["events"]
+            types = [e["type"] for e in events]
+            assert types[0] == "sandbox.created" and types[-1] == "sandbox.destroyed"
+            assert {e["tenant"] for e in events} == {"double"}
+            started = next(e for e in events if e["type"] == "exec.started")
+            assert "in-the-engine" in str(started["data"])
+            (usage,) = ops.get("/v1/usage", params={"tenant": "double"}).json()["usage"]
+            assert usage["creates"] == 1 and usage["sandbox_seconds"] > 0
+            # Held memory is what the sandbox was given: 64 MiB for as long as it lived.
+            assert usage["memory_gib_seconds"] == pytest.approx(usage["sandbox_seconds"] / 16, rel=1e-6)
+            assert usage["cpu_seconds"] == pytest.approx(usage["sandbox_seconds"] * 0.5, rel=1e-6)
