@@ -33,7 +33,7 @@ lint: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
-bench: engine venv image storage
+bench: engine venv image storage postgres
 	$(BIN)/python benchmarks/bench.py
 
 engine:

@@ -13,26 +13,24 @@
 - M3: a client holding a ``session``-lease sandbox through the remote backend is
   SIGKILLed; time until the server has reaped it and the engine has no container
   left.  Target: within the lease (the grace) + 5 s.
-- M4: ``GET /metrics`` over loopback HTTP with 1,000 sandboxes recorded across 50
-  tenants.  Target: <= 50 ms.
-- M5: a warm-pool claim through the HTTP API until its first command returns
-  (``POST /v1/sandboxes {"pool"}`` then ``POST .../exec``), next to a cold create
-  the same way.  Target: p50 <= 20 ms (agent-sandbox's warm claims: 35-137 ms).
-- M3: a client holding a ``session``-lease sandbox through the remote backend is
-  SIGKILLed; time until the server has reaped it and the engine has no container
-  left.  Target: within the lease (the grace) + 5 s.
+- M6, M7: a command over the HTTP API (``POST .../exec ["true"]``) while the
+  manager records every event in its database, SQLite (M6) and a private
+  PostgreSQL server (M7), next to the same server without a database (the floor
+  column): what central audit costs a command.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import tempfile
 import time
 
 from harness import Plan, Result, Series, Target
 
 from agentnest.server.admission import Admission, Grant, Resources
 from agentnest.server.tenants import BANDS, Tenant
+from agentnest.testing.postgres import postgres_server
 
 TENANTS = 50
 QUEUED = 1000
@@ -237,6 +235,33 @@ def bench_manager_engine(backend: str, plan: Plan) -> list[Result]:
             ],
         )
     ]
+    samples = 60 if plan.quick else 300
+    bare = _recorded_execs(backend, samples, None)
+    with tempfile.TemporaryDirectory() as tmp:
+        results.append(
+            Result(
+                backend,
+                "M6",
+                "command over HTTP, recorded in SQLite",
+                _recorded_execs(backend, samples, f"sqlite:///{tmp}/manager.db"),
+                bare,
+                notes=["floor column: the same server without a database"],
+            )
+        )
+    try:
+        with postgres_server() as pg:
+            results.append(
+                Result(
+                    backend,
+                    "M7",
+                    "command over HTTP, recorded in PostgreSQL",
+                    _recorded_execs(backend, samples, pg.create_database("bench")),
+                    bare,
+                    notes=["floor column: the same server without a database; a private server on loopback"],
+                )
+            )
+    except LookupError as exc:
+        print(f"M7 skipped: {exc}")
     grace = 2.0
     crashed = _crashed_clients(backend, 3 if plan.quick else 8, grace)
     return [
@@ -294,3 +319,44 @@ def _warm_claims(backend: str, samples: int) -> tuple[Series, Series]:
                     assert made.status_code == 201 and ran.json()["exit_code"] == 0, (made.text, ran.text)
                     http.delete(f"/v1/sandboxes/{sandbox}")
     return warm, cold
+
+
+def _recorded_execs(backend: str, samples: int, database: str | None) -> Series:
+    """``POST .../exec ["true"]`` on one sandbox, the server recording into ``database`` (or none);
+    checks at the end that every command's events reached the database."""
+    from pathlib import Path
+
+    import httpx
+
+    from agentnest.runtime.docker import base_image
+    from agentnest.server.app import ServerSettings, create_app
+    from agentnest.server.auth import Ceiling, TokenStore
+    from agentnest.server.thread import serve_in_thread
+
+    where = "no database" if database is None else database.split(":", 1)[0]
+    series = Series(f"POST .../exec 'true' ({where})", "ms")
+    with tempfile.TemporaryDirectory() as tmp:
+        store = TokenStore(Path(tmp) / "tokens.json")
+        _, secret = store.create("bench", Ceiling(max_memory=64 << 20, backends=(backend,)), admin=True)
+        settings = ServerSettings(
+            tokens=store, backends={backend: backend}, image=base_image(), database=database
+        )
+        headers = {"Authorization": f"Bearer {secret}"}
+        app = create_app(settings)
+        with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=headers, timeout=120) as http:
+            made = http.post("/v1/sandboxes", json={"memory": "64m"})
+            assert made.status_code == 201, made.text
+            sandbox = made.json()["id"]
+            for i in range(samples + 10):
+                t0 = time.perf_counter()
+                ran = http.post(f"/v1/sandboxes/{sandbox}/exec", json={"argv": ["true"]})
+                if i >= 10:  # the first ten warm the connection and the agent
+                    series.samples.append(time.perf_counter() - t0)
+                assert ran.json()["exit_code"] == 0, ran.text
+            if database is not None:
+                page = http.get(
+                    "/v1/audit", params={"sandbox": sandbox, "type": "exec.finished", "limit": 1000}
+                ).json()
+                assert len(page["events"]) == samples + 10, len(page["events"])
+            http.delete(f"/v1/sandboxes/{sandbox}")
+    return series

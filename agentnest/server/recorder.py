@@ -134,6 +134,25 @@ class Recorder:
             )
         )
 
+    def create_failed(self, tenant: str, token: str | None, backend: str, exc: BaseException) -> None:
+        """An admitted create whose start failed (``sandbox.create_failed``; no sandbox id)."""
+        self._put(
+            (
+                "event",
+                {
+                    "event_id": uuid.uuid4().hex,
+                    "time": time.time(),
+                    "tenant": tenant,
+                    "token": token,
+                    "sandbox_id": "",
+                    "type": "sandbox.create_failed",
+                    "actor": "host",
+                    # The same message the client got in its 502 answer, bounded.
+                    "data": {"backend": backend, "error": type(exc).__name__, "message": str(exc)[:500]},
+                },
+            )
+        )
+
     def started(
         self,
         sandbox_id: str,

@@ -611,6 +611,8 @@ class Service:
                     self.admission.release(grant)
                     if self.metrics is not None and isinstance(exc, BackendError):
                         self.metrics.backend_errors.labels(backend_name).inc()
+                    if self.recorder is not None and isinstance(exc, Exception):
+                        self.recorder.create_failed(tenant.name, token.id, backend_name, exc)
                     raise
                 if self.metrics is not None:
                     self.metrics.create_seconds.labels(backend_name, "cold").observe(

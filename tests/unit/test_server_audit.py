@@ -239,3 +239,44 @@ def test_an_unmigrated_database_with_no_migrate_refuses_creates_and_names_the_fi
             assert database.revision() is None  # --no-migrate: the server did not touch the schema
         finally:
             database.close()
+
+
+def test_a_backend_that_fails_every_create_leaves_nothing_held_and_every_failure_audited(
+    tmp_path: Path, backend: LocalBackend
+) -> None:
+    from agentnest.errors import BackendError
+
+    class Failing(LocalBackend):
+        failing = True
+
+        def create(self, config: Any) -> Any:
+            if self.failing:
+                raise BackendError("the engine refused: no space left on device")
+            return super().create(config)
+
+    broken = Failing(tmp_path / "broken")
+    broken.root.mkdir()
+    settings = make_settings(tmp_path, broken, database=f"sqlite:///{tmp_path / 'm.db'}")
+    try:
+        for live in _serve(settings):
+            with live.client("a1") as a, live.client("ops", admin=True) as admin:
+                for _ in range(3):
+                    failed = a.post("/v1/sandboxes", json={})
+                    assert failed.status_code == 502 and failed.json()["code"] == "backend", failed.text
+                    assert "no space left on device" in failed.json()["detail"]
+                assert live.service.admission.holdings("default").sandboxes == 0
+                assert not live.service.entries
+                events = _events(admin, type="sandbox.create_failed")
+                assert len(events) == 3 and {e["tenant"] for e in events} == {"default"}
+                assert events[0]["data"]["backend"] == "local"
+                assert "no space left" in events[0]["data"]["message"]
+                assert len(_events(admin, type="admission.admitted")) == 3
+                metrics = admin.get("/metrics").text
+                assert 'agentnest_backend_errors_total{backend="local"} 3.0' in metrics
+                assert admin.get("/v1/usage").json()["usage"] == []  # nothing was held
+                # The backend recovers: so does the server, with no state left from the failures.
+                broken.failing = False
+                assert a.post("/v1/sandboxes", json={}).status_code == 201
+                assert live.service.admission.holdings("default").sandboxes == 1
+    finally:
+        broken.kill_all()

@@ -16,7 +16,8 @@ from server_fakes import IMAGE, LocalBackend, auth, make_settings
 from agentnest.server.app import create_app
 from agentnest.server.auth import Ceiling
 from agentnest.server.thread import serve_in_thread
-from agentnest.testing.postgres import PostgresServer, binaries
+from agentnest.testing.postgres import PostgresServer
+from agentnest.testing.postgres import postgres_server as start_postgres
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -25,14 +26,8 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def pg(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
     """A server of this test's own (it is stopped and started), beside the session's."""
-    bindir = binaries()
-    assert bindir is not None  # the session fixture skipped or failed otherwise
-    server = PostgresServer(bindir)
-    try:
-        server.start()
+    with start_postgres() as server:  # the session fixture skipped or failed if it cannot start
         yield server
-    finally:
-        server.destroy()
 
 
 def test_creates_wait_for_the_database_and_nothing_recorded_meanwhile_is_lost(

@@ -254,6 +254,16 @@ def test_a_database_migrated_by_a_newer_agentnest_is_refused_not_touched(db: Dat
     with db.engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = 'f00dfeed9999'"))
     for step in (db.upgrade, db.check):
-        with pytest.raises(RuntimeNotAvailableError, match="f00dfeed9999, which agentnest .* does not know"):
+        with pytest.raises(RuntimeNotAvailableError, match=r"f00dfeed9999, which agentnest .* does not know"):
             step()
     assert db.revision() == "f00dfeed9999"  # nothing was changed
+
+
+def test_the_migrations_build_exactly_the_tables_the_code_uses(db: Database) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from agentnest.server.db import metadata
+
+    with db.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), metadata) == []

@@ -15,6 +15,9 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
+# A migration is a frozen copy of the schema as it was at its revision: it never imports the
+# tables of agentnest/server/db.py, which move on with later migrations.  A test compares the
+# migrated database with those tables, so the two cannot drift apart unnoticed.
 _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
