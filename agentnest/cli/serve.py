@@ -127,6 +127,12 @@ def register(commands: Commands) -> None:
         action="store_true",
         help="do not migrate the database at start; refuse to serve until `serve db upgrade` has",
     )
+    parser.add_argument(
+        "--no-tracing",
+        action="store_true",
+        help="make no OpenTelemetry spans (by default requests, admissions and starts are spans "
+        "where opentelemetry-api is installed; run under opentelemetry-instrument to export them)",
+    )
     parser.add_argument("--openapi", action="store_true", help="print the OpenAPI document and exit")
     parser.set_defaults(handler=handle)
 
@@ -533,6 +539,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         database=_database_url(args),
         retention=args.retention * 86400 if args.retention else None,
         migrate=not args.no_migrate,
+        tracing=not args.no_tracing,
     )
 
 

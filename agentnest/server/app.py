@@ -79,6 +79,7 @@ from .service import (
     handle_of,
 )
 from .tenant_routes import add_tenant_routes
+from .tracing import TracingMiddleware, fastapi_options
 
 log = logging.getLogger("agentnest.server")
 #: Seconds a readiness probe waits for each backend.
@@ -240,9 +241,13 @@ def create_app(settings: ServerSettings) -> FastAPI:
             "protocol for the `remote` backend; see docs/server.md."
         ),
         lifespan=lifespan,
+        **fastapi_options(),
     )
     app.state.service = service
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, upload_limit=settings.max_upload_bytes)
+    if service.tracing.enabled:
+        # Outermost: a request refused by the body limit is traced too.
+        app.add_middleware(TracingMiddleware, tracing=service.tracing)
 
     # -- errors ------------------------------------------------------------------
 
@@ -299,7 +304,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def current_token(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> Token:
-        return authenticate(credentials.credentials if credentials is not None else None)
+        token = authenticate(credentials.credentials if credentials is not None else None)
+        service.tracing.annotate(tenant=token.tenant, token=token.id)  # the id, never the secret
+        return token
 
     TokenDep = Annotated[Token, Depends(current_token)]
     SandboxId = Annotated[str, PathParam(min_length=1, max_length=64)]

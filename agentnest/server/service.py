@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from starlette.exceptions import HTTPException
@@ -49,6 +49,7 @@ from .auth import Token, TokenStore
 from .channel_audit import Emit
 from .pools import POOL_TICK, PoolSpec, WarmPool, pool_specs
 from .tenants import BANDS, POOL_PREFIX, Tenant
+from .tracing import Tracing
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -134,6 +135,9 @@ class ServerSettings:
         retention: seconds of history the database keeps (``None``: forever).
         migrate: bring the database's schema up to date at start (else it must be already:
             ``agentnest serve db upgrade``).
+        tracing: OpenTelemetry spans of requests, admissions and starts, where
+            ``opentelemetry-api`` is installed (:mod:`agentnest.server.tracing`).
+        tracer_provider: where those spans go (``None``: the global provider).
     """
 
     tokens: TokenStore
@@ -157,6 +161,8 @@ class ServerSettings:
     database: str | None = None
     retention: float | None = DEFAULT_RETENTION
     migrate: bool = True
+    tracing: bool = True
+    tracer_provider: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, TokenStore):
@@ -346,6 +352,7 @@ class Service:
                 )
             self.pools[spec.name] = WarmPool(spec, backend_name, spec.image or self.image)
         self.pool_wake = asyncio.Event()
+        self.tracing = Tracing(settings.tracer_provider, enabled=settings.tracing)
         self.recorder: Recorder | None = None
         """The audit and usage database's writer (``None``: the server keeps no database)."""
         if settings.database is not None:
@@ -451,6 +458,37 @@ class Service:
             AdmissionRefusedError: not admitted within ``max_wait`` (429, with reason and Retry-After).
             PolicyDeniedError: it can never fit the tenant or the server (403).
         """
+        with self.tracing.span(
+            "agentnest.admission", tenant=tenant.name, memory=demand.memory, cpus=demand.cpus
+        ) as span:
+            started = time.monotonic()
+            try:
+                return await self._admit(
+                    tenant,
+                    demand,
+                    band=band,
+                    max_wait=max_wait,
+                    on_update=on_update,
+                    client_gone=client_gone,
+                    transfer=transfer,
+                )
+            except AdmissionRefusedError as exc:
+                span.set_attribute("agentnest.admission.reason", exc.reason)
+                raise
+            finally:
+                span.set_attribute("agentnest.admission.waited", time.monotonic() - started)
+
+    async def _admit(
+        self,
+        tenant: Tenant,
+        demand: Resources,
+        *,
+        band: int | None,
+        max_wait: float,
+        on_update: Callable[[Position], Awaitable[None]] | None,
+        client_gone: Callable[[], Awaitable[object]] | None,
+        transfer: Grant | None,
+    ) -> Grant:
         await self.capacity()
         try:
             ticket = self.admission.submit(tenant, demand, band=band, max_wait=max_wait, transfer=transfer)
@@ -578,6 +616,7 @@ class Service:
             workspace = min(_DEFAULTS.workspace, ceiling.max_workspace, memory // 2)
         scratch = body.scratch_size if body.scratch_size is not None else min(_DEFAULTS.scratch, memory // 8)
         cpus = body.cpus if body.cpus is not None else min(_DEFAULTS.cpus, ceiling.max_cpus)
+        pids = body.pids if body.pids is not None else min(_DEFAULTS.pids, ceiling.max_pids)
         async with self.slot(token):
             await self.require_database()
             grant = await self.admit(
@@ -592,21 +631,22 @@ class Service:
             async def start() -> Entry:
                 started = time.monotonic()
                 try:
-                    sandbox = await AsyncSandbox.create(
-                        image,
-                        timeout,
-                        environment=environment,
-                        workdir=body.workdir,
-                        memory=memory,
-                        cpus=cpus,
-                        pids=body.pids if body.pids is not None else min(_DEFAULTS.pids, ceiling.max_pids),
-                        workspace_size=workspace,
-                        scratch_size=scratch,
-                        backend=backend,
-                        read_only_root=body.read_only_root,
-                        security_policy=policy,
-                        observers=self.observers(tenant.name, token.id),
-                    )
+                    with self.tracing.span("agentnest.sandbox.start", backend=backend_name, image=image):
+                        sandbox = await AsyncSandbox.create(
+                            image,
+                            timeout,
+                            environment=environment,
+                            workdir=body.workdir,
+                            memory=memory,
+                            cpus=cpus,
+                            pids=pids,
+                            workspace_size=workspace,
+                            scratch_size=scratch,
+                            backend=backend,
+                            read_only_root=body.read_only_root,
+                            security_policy=policy,
+                            observers=self.observers(tenant.name, token.id),
+                        )
                 except BaseException as exc:
                     self.admission.release(grant)
                     if self.metrics is not None and isinstance(exc, BackendError):
@@ -829,17 +869,19 @@ class Service:
         The owner is looked up per event: a warm sandbox's events belong to its
         pool until a claim, then to the claiming tenant and token.
         """
+        tracing = () if self.tracing.observer is None else (self.tracing.observer,)
         recorder = self.recorder
         if recorder is None:
-            return tuple(self.settings.observers)
+            return (*self.settings.observers, *tracing)
 
         def owner(sandbox_id: str) -> tuple[str, str | None]:
             entry = self.entries.get(sandbox_id)  # a dict read: safe from the guard's threads
             return (tenant, token) if entry is None else (entry.grant.tenant, entry.token_id)
 
-        return (*self.settings.observers, recorder.observer(owner))
+        return (*self.settings.observers, *tracing, recorder.observer(owner))
 
     def _started(self, entry: Entry, launch: str) -> None:
+        self.tracing.annotate(sandbox_id=entry.sandbox.id, launch=launch)
         if self.recorder is None:
             return
         limits = entry.sandbox.config.limits
