@@ -123,6 +123,14 @@ def register(commands: Commands) -> None:
         help="days of audit and usage history the database keeps; 0 keeps everything (default 30)",
     )
     parser.add_argument(
+        "--server-timeout",
+        type=positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a server sharing the database silent this long counts as gone: its sandboxes are "
+        "ended in the history and removed from the backend where reachable (default 60)",
+    )
+    parser.add_argument(
         "--no-migrate",
         action="store_true",
         help="do not migrate the database at start; refuse to serve until `serve db upgrade` has",
@@ -540,6 +548,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         retention=args.retention * 86400 if args.retention else None,
         migrate=not args.no_migrate,
         tracing=not args.no_tracing,
+        server_timeout=args.server_timeout,
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -327,6 +328,17 @@ class RuntimeBackend(ABC):
         .. versionadded:: 0.4.0
         """
         return None, None
+
+    def reclaim(self, owners: Collection[str]) -> int:
+        """Remove the sandboxes whose owning process (``host:pid``, the ``owner`` of
+        :mod:`agentnest.runtime.owner`) is one of ``owners`` and is gone; the number removed.
+
+        The manager calls it for servers that stopped answering.  By default nothing
+        is removed here: each sandbox still stops at its own deadline.
+
+        .. versionadded:: 0.4.0
+        """
+        return 0
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release client resources (connections).  Sandboxes are not touched."""

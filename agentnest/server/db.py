@@ -6,7 +6,7 @@ several replicas sharing one history.  The schema is created and moved
 forward only by the Alembic migrations in ``agentnest/server/migrations``
 (``agentnest serve db upgrade``, or at server start unless ``--no-migrate``).
 
-Two tables:
+Three tables:
 
 ``events``
     Every event the guard emits for a sandbox of the manager, tagged with the
@@ -17,6 +17,9 @@ Two tables:
     One row per sandbox the manager started: who, what it holds (memory,
     CPUs), when it started and ended.  Usage (sandbox-, CPU- and
     memory-seconds) is computed from it over any time window.
+``servers``
+    The servers writing here, each with a heartbeat: the sandboxes of one
+    that stopped answering (killed, its host gone) are ended by the others.
 
 Everything here is synchronous (the server calls it in worker threads,
 :mod:`agentnest.server.recorder`); every failure to reach the database is a
@@ -96,6 +99,19 @@ sandboxes = sa.Table(
     sa.Column("server", sa.String(64), nullable=False),
     sa.Index("ix_sandboxes_tenant_started", "tenant", "started"),
     sa.Index("ix_sandboxes_ended", "ended"),
+)
+
+
+servers = sa.Table(
+    "servers",
+    metadata,
+    sa.Column("server", sa.String(64), primary_key=True),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("version", sa.String(32), nullable=False),
+    sa.Column("started", sa.Float, nullable=False),
+    sa.Column("seen", sa.Float, nullable=False),
+    sa.Index("ix_servers_seen", "seen"),
 )
 
 
@@ -354,9 +370,14 @@ class Database:
                 if exists is None:
                     conn.execute(sandboxes.insert(), [dict(row)])
             elif kind == "end":
+                # A row another server presumed lost (this one missed its heartbeats) gets its
+                # true end; any other end is final.
                 conn.execute(
                     sandboxes.update()
-                    .where(sandboxes.c.sandbox_id == row["sandbox_id"], sandboxes.c.ended.is_(None))
+                    .where(
+                        sandboxes.c.sandbox_id == row["sandbox_id"],
+                        sa.or_(sandboxes.c.ended.is_(None), sandboxes.c.end_reason == "lost"),
+                    )
                     .values(ended=row["ended"], end_reason=row["reason"])
                 )
             else:  # pragma: no cover - the recorder writes only these
@@ -369,21 +390,84 @@ class Database:
         Each ends at its last recorded event (or its start): no usage is invented
         for the time nobody watched it.  ``server`` limits it to one server's rows.
         """
+        where: list[sa.ColumnElement[bool]] = []
+        if server is not None:
+            where.append(sandboxes.c.server == server)
+        with self._begin() as conn:
+            return self._close(conn, where, reason)
+
+    @staticmethod
+    def _close(conn: Connection, where: list[sa.ColumnElement[bool]], reason: str) -> int:
         last = (
             sa.select(sa.func.max(events.c.time))
             .where(events.c.sandbox_id == sandboxes.c.sandbox_id)
             .scalar_subquery()
         )
-        where: list[sa.ColumnElement[bool]] = [sandboxes.c.ended.is_(None)]
-        if server is not None:
-            where.append(sandboxes.c.server == server)
+        result = conn.execute(
+            sandboxes.update()
+            .where(sandboxes.c.ended.is_(None), *where)
+            .values(ended=sa.func.coalesce(last, sandboxes.c.started), end_reason=reason)
+        )
+        return int(result.rowcount or 0)
+
+    # -- servers ---------------------------------------------------------------------
+
+    def heartbeat(self, server: str, *, host: str, pid: int, started: float) -> None:
+        """Say that ``server`` is alive now (registering it the first time)."""
+        now = time.time()
         with self._begin() as conn:
-            result = conn.execute(
-                sandboxes.update()
-                .where(*where)
-                .values(ended=sa.func.coalesce(last, sandboxes.c.started), end_reason=reason)
-            )
-            return int(result.rowcount or 0)
+            updated = conn.execute(servers.update().where(servers.c.server == server).values(seen=now))
+            if not updated.rowcount:
+                conn.execute(
+                    servers.insert(),
+                    [
+                        {
+                            "server": server,
+                            "host": host[:255],
+                            "pid": pid,
+                            "version": __version__[:32],
+                            "started": started,
+                            "seen": now,
+                        }
+                    ],
+                )
+
+    def sweep(self, stale_after: float) -> tuple[list[str], int]:
+        """End the open sandbox rows of servers silent for ``stale_after`` seconds (or never
+        registered), at their last event; forget those servers.  Returns their owners
+        (``host:pid``, as the backends label sandboxes) and the number of rows ended.
+
+        Every server runs it; it is one transaction and idempotent, so no leader is needed.
+        """
+        cutoff = time.time() - stale_after
+        with self._begin() as conn:
+            stale = conn.execute(
+                sa.select(servers.c.server, servers.c.host, servers.c.pid).where(servers.c.seen < cutoff)
+            ).all()
+            live = sa.select(servers.c.server).where(servers.c.seen >= cutoff)
+            closed = self._close(conn, [sandboxes.c.server.not_in(live)], "lost")
+            if stale:
+                conn.execute(servers.delete().where(servers.c.server.in_([row.server for row in stale])))
+            alive = {
+                f"{row.host}:{row.pid}"
+                for row in conn.execute(
+                    sa.select(servers.c.host, servers.c.pid).where(servers.c.seen >= cutoff)
+                )
+            }
+        # A live server with the same host and pid (a restart in the same container) owns
+        # whatever carries that label now: never hand it to the backends for removal.
+        return sorted({f"{row.host}:{row.pid}" for row in stale} - alive), closed
+
+    def deregister(self, server: str) -> None:
+        """Forget ``server`` (it stopped cleanly, its rows ended)."""
+        with self._begin() as conn:
+            conn.execute(servers.delete().where(servers.c.server == server))
+
+    def list_servers(self) -> list[dict[str, Any]]:
+        """The registered servers, most recently seen first."""
+        with self._begin() as conn:
+            rows = conn.execute(sa.select(servers).order_by(servers.c.seen.desc())).mappings().all()
+        return [dict(row) for row in rows]
 
     def prune(self, before: float) -> int:
         """Delete events older than ``before`` and sandboxes that ended before it; the count."""

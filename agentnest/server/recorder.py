@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -62,6 +65,7 @@ class Recorder:
     ) -> None:
         self.database = database
         self.server = server or uuid.uuid4().hex[:16]
+        self.started_at = time.time()
         self.retention = retention
         self._ops: collections.deque[Op] = collections.deque()
         self._lock = threading.Lock()  # the deque's appends are atomic; the drop/requeue is not
@@ -294,6 +298,55 @@ class Recorder:
     async def usage(self, since: float, until: float | None, tenant: str | None) -> list[Usage]:
         await self.flush()
         return await anyio.to_thread.run_sync(self.database.usage, since, until, tenant)
+
+    # -- liveness --------------------------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        """Register this server, or say it is still alive."""
+        await anyio.to_thread.run_sync(
+            functools.partial(
+                self.database.heartbeat,
+                self.server,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                started=self.started_at,
+            )
+        )
+
+    async def liveness(
+        self, stale_after: float, on_gone: Callable[[list[str]], Awaitable[None]] | None = None
+    ) -> None:
+        """Until cancelled: a heartbeat every ``stale_after / 6`` seconds, and every
+        ``stale_after / 2`` end the sandboxes of servers silent for ``stale_after``, then
+        ``on_gone(owners)`` (their ``host:pid``) to remove what they left on the backends."""
+        beat, sweep_every = stale_after / 6, stale_after / 2
+        next_sweep = time.monotonic()
+        while True:
+            try:
+                await self.heartbeat()
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + sweep_every
+                    gone, closed = await anyio.to_thread.run_sync(self.database.sweep, stale_after)
+                    if gone or closed:
+                        log.warning(
+                            "database: servers %s stopped answering for %gs; %d of their sandboxes ended "
+                            "as lost at their last event",
+                            gone or "(unregistered)",
+                            stale_after,
+                            closed,
+                        )
+                    if gone and on_gone is not None:
+                        await on_gone(gone)
+            except RuntimeNotAvailableError as exc:
+                self._down(exc)
+            await anyio.sleep(beat)
+
+    async def deregister(self) -> None:
+        """Forget this server in the database (a clean stop; best effort)."""
+        try:
+            await anyio.to_thread.run_sync(self.database.deregister, self.server)
+        except RuntimeNotAvailableError as exc:
+            log.warning("could not deregister from the database: %s", exc)
 
     async def prune(self) -> int:
         """Delete what is older than the retention (nothing without one)."""

@@ -138,6 +138,8 @@ class ServerSettings:
         tracing: OpenTelemetry spans of requests, admissions and starts, where
             ``opentelemetry-api`` is installed (:mod:`agentnest.server.tracing`).
         tracer_provider: where those spans go (``None``: the global provider).
+        server_timeout: seconds after which a server sharing the database that stopped
+            sending heartbeats counts as gone: its open sandbox rows are ended (``lost``).
     """
 
     tokens: TokenStore
@@ -163,6 +165,7 @@ class ServerSettings:
     migrate: bool = True
     tracing: bool = True
     tracer_provider: Any = None
+    server_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, TokenStore):
@@ -194,7 +197,7 @@ class ServerSettings:
             raise ConfigurationError(
                 f"retention={self.retention!r} must be a positive number of seconds or None"
             )
-        for name in ("default_lifetime", "reap_interval", "aging", "session_grace"):
+        for name in ("default_lifetime", "reap_interval", "aging", "session_grace", "server_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
@@ -660,7 +663,7 @@ class Service:
                     )
                 entry = Entry(token.id, sandbox, backend_name, grant, lease)
                 self.entries[sandbox.id] = entry
-                self._started(entry, "cold")
+                await self._started(entry, "cold")
                 return entry
 
             # Once admitted, the start runs to its end even if the client goes away: the
@@ -808,7 +811,7 @@ class Service:
             entry = Entry(token.id, sandbox, pool.backend_name, grant, lease)
             entry.until = time.time() + timeout
             self.entries[sandbox.id] = entry
-            self._started(entry, "warm")
+            await self._started(entry, "warm")
             pool.claimed += 1
             self._count_claim(pool, "warm")
             if self.metrics is not None:
@@ -880,7 +883,9 @@ class Service:
 
         return (*self.settings.observers, *tracing, recorder.observer(owner))
 
-    def _started(self, entry: Entry, launch: str) -> None:
+    async def _started(self, entry: Entry, launch: str) -> None:
+        """Record a new sandbox, durably before the client hears of it (one transaction): a
+        server killed right after its answer still leaves the sandbox in the history."""
         self.tracing.annotate(sandbox_id=entry.sandbox.id, launch=launch)
         if self.recorder is None:
             return
@@ -895,6 +900,10 @@ class Service:
             memory=limits.memory,
             cpus=limits.cpus,
         )
+        try:
+            await self.recorder.flush()
+        except Exception as exc:  # queued still, retried by the writer; the sandbox is real
+            log.warning("recording the start of sandbox %s: %s", entry.sandbox.id, exc)
 
     async def require_database(self) -> None:
         """Refuse a create with 503 ``database_unavailable`` while the database is down:
@@ -920,6 +929,7 @@ class Service:
                 if before != after:
                     log.info("database %s migrated from %s to %s", db.display, before or "nothing", after)
             await recorder.ping()
+            await recorder.heartbeat()
             if db.dialect == "sqlite":
                 # One server per SQLite file: rows another run left open ended with it.
                 closed = await anyio.to_thread.run_sync(db.close_open, None)
@@ -940,6 +950,7 @@ class Service:
             await anyio.sleep(5.0)
         async with anyio.create_task_group() as tg:
             tg.start_soon(recorder.run)
+            tg.start_soon(recorder.liveness, self.settings.server_timeout, self._reclaim)
             if recorder.retention is not None:
                 every = min(3600.0, recorder.retention / 4)
                 while True:
@@ -950,6 +961,18 @@ class Service:
                     except AgentNestError as exc:
                         log.warning("database retention: %s", exc)
                     await anyio.sleep(every)
+
+    async def _reclaim(self, owners: list[str]) -> None:
+        """Remove from every backend what servers that stopped answering left running (the
+        backend decides what it can reach: Docker, the sandboxes of gone processes on its host)."""
+        for name, backend in self.backends.items():
+            try:
+                removed = await anyio.to_thread.run_sync(backend.reclaim, owners)
+            except AgentNestError as exc:
+                log.warning("reclaiming the sandboxes of %s on %s: %s", owners, name, exc)
+                continue
+            if removed:
+                log.warning("removed %d sandboxes of %s from %s", removed, owners, name)
 
     async def fork(self, token: Token, parent: Entry, timeout: float | None) -> Entry:
         """A copy of ``parent`` for ``token``: admitted like a create, without waiting."""
@@ -966,7 +989,7 @@ class Service:
             lease = Lease(parent.lease.kind, parent.lease.idle_timeout)
             entry = Entry(token.id, child, parent.backend_name, grant, lease)
             self.entries[child.id] = entry
-            self._started(entry, "fork")
+            await self._started(entry, "fork")
         return entry
 
     async def destroy(self, entry: Entry, reason: str = "destroyed") -> None:
@@ -1025,6 +1048,8 @@ class Service:
                 tg.start_soon(self.destroy, entry, "server_stopped")
         if self.recorder is not None:
             await self.recorder.close()
+            if self.recorder.queued == 0:  # every end written: nothing for the others to close
+                await self.recorder.deregister()
             self.recorder.database.close()
         if self._work_dir is not None and self.settings.work_dir is None:
             shutil.rmtree(self._work_dir, ignore_errors=True)

@@ -267,3 +267,71 @@ def test_the_migrations_build_exactly_the_tables_the_code_uses(db: Database) -> 
 
     with db.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+
+
+def test_a_silent_server_s_sandboxes_are_ended_and_a_true_end_still_wins(db: Database) -> None:
+    now = time.time()
+    db.heartbeat("live", host="h1", pid=11, started=now)
+    db.heartbeat("dead", host="h2", pid=22, started=now - 300)
+    db.heartbeat("live", host="h1", pid=11, started=now)  # a second beat updates, never duplicates
+    with db.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE servers SET seen = :t WHERE server = 'dead'"), {"t": now - 120})
+    rows = []
+    for sandbox, server in (("sb-live", "live"), ("sb-dead", "dead"), ("sb-unknown", "nobody")):
+        op = start(sandbox, "a", now - 100)
+        op[1]["server"] = server
+        rows.append(op)
+    db.apply([*rows, event("a", "sb-dead", "exec", now - 90)])
+    assert [s["server"] for s in db.list_servers()] == ["live", "dead"]
+
+    owners, closed = db.sweep(60)
+    assert owners == ["h2:22"] and closed == 2
+    assert [s["server"] for s in db.list_servers()] == ["live"]
+    with db.engine.connect() as conn:
+        found = conn.execute(sa.text("SELECT sandbox_id, ended, end_reason FROM sandboxes"))
+        ended = {r.sandbox_id: (r.ended, r.end_reason) for r in found}
+    assert ended["sb-live"] == (None, None)
+    assert ended["sb-dead"] == (pytest.approx(now - 90), "lost")  # its last event
+    assert ended["sb-unknown"] == (pytest.approx(now - 100), "lost")  # its start
+    assert db.sweep(60) == ([], 0)
+    # The "dead" server was only cut off: its real end replaces the presumed loss.
+    db.apply([end("sb-dead", now - 5, "destroyed")])
+    db.apply([end("sb-dead", now, "deadline")])  # and a real end is final
+    with db.engine.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT ended, end_reason FROM sandboxes WHERE sandbox_id = 'sb-dead'")
+        ).one()
+    assert (row.ended, row.end_reason) == (pytest.approx(now - 5), "destroyed")
+    db.deregister("live")
+    assert db.list_servers() == []
+
+
+def test_upgrading_a_database_of_the_first_schema_keeps_its_history(database_url: str) -> None:
+    from alembic import command
+
+    database = Database(database_url)
+    try:
+        with database.engine.begin() as conn:
+            command.upgrade(database._alembic(conn), "0001")
+        assert database.revision() == "0001"
+        with pytest.raises(RuntimeNotAvailableError, match="serve db upgrade"):
+            database.check()
+        database.apply([event("a", "sb-1", "exec", 1000.0), start("sb-1", "a", 999.0)])
+        assert database.upgrade() == ("0001", database.head())
+        database.check()
+        (kept,) = database.events(EventQuery())
+        assert (kept["sandbox_id"], kept["time"]) == ("sb-1", 1000.0)
+        assert database.usage(900.0, 1100.0)[0].sandbox_seconds == pytest.approx(101.0)
+        assert database.list_servers() == []
+    finally:
+        database.close()
+
+
+def test_a_gone_server_s_owner_label_is_not_reclaimed_while_a_live_server_carries_it(db: Database) -> None:
+    now = time.time()
+    db.heartbeat("old", host="pod-1", pid=1, started=now - 500)
+    db.heartbeat("new", host="pod-1", pid=1, started=now)  # restarted in the same container
+    with db.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE servers SET seen = :t WHERE server = 'old'"), {"t": now - 120})
+    assert db.sweep(60) == ([], 0)
+    assert [s["server"] for s in db.list_servers()] == ["new"]

@@ -27,7 +27,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -719,6 +719,16 @@ class DockerBackend(RuntimeBackend):
         """
         memory = self.engine_info().get("MemTotal")
         return (memory if isinstance(memory, int) and memory > 0 else None), None
+
+    def reclaim(self, owners: Collection[str]) -> int:
+        """Remove the containers, networks and volumes of ``owners`` whose process is gone
+        (:func:`~agentnest.runtime.docker.prune.prune` limited to them)."""
+        from .prune import prune
+
+        if not owners:
+            return 0
+        report = prune(self.api, orphans=True, owners=frozenset(owners), pool=self.storage_pool())
+        return len(report.containers)
 
     def logs(self, handle: SandboxHandle, tail: int = 200) -> str:
         import docker.errors

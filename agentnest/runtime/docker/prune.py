@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,7 @@ def prune(
     everything: bool = False,
     sandbox: str | None = None,
     pool: StoragePool | None = None,
+    owners: Collection[str] | None = None,
 ) -> PruneReport:
     """Remove AgentNest's containers, networks and volumes that are due.
 
@@ -118,6 +119,7 @@ def prune(
         orphans: also remove resources whose owner process is gone.
         everything: remove every AgentNest resource.
         sandbox: only consider the resources of this sandbox id.
+        owners: only consider the resources of these owners (``host:pid``).
         pool: the storage pool whose workspaces to reap: those of sandboxes
             with no container left (``sandbox gone``, after a grace period for
             sandboxes being created), and reader snapshots of exited processes.
@@ -143,6 +145,8 @@ def prune(
         tags = tags or {}
         deadline = _parse_deadline(tags.get(labels.DEADLINE))
         owner = tags.get(labels.OWNER, "")
+        if owners is not None and owner not in owners:
+            return None
         sid = tags.get(labels.SANDBOX, "")
         record = _record(sid) if sid and kind == "container" else None
         if record is not None:
