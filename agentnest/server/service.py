@@ -41,6 +41,7 @@ from ..errors import (
 from ..events import EventType, Observer
 from ..policy import NetworkMode, NetworkPolicy, SecurityPolicy
 from ..runtime.base import RuntimeBackend, SandboxHandle
+from ..runtime.owner import owner_alive
 from ..runtime.registry import get_backend
 from ..secrets import Secret
 from . import schemas as s
@@ -918,7 +919,11 @@ class Service:
             ) from None
 
     async def open_database(self) -> bool:
-        """Migrate (or check) the database once; False if it is unreachable now (logged)."""
+        """Migrate (or check) the database once; False if it is unreachable now (logged).
+
+        Raises:
+            ConfigurationError: another live server uses the same SQLite file.
+        """
         recorder = self.recorder
         if recorder is None:
             return True
@@ -929,16 +934,36 @@ class Service:
                 if before != after:
                     log.info("database %s migrated from %s to %s", db.display, before or "nothing", after)
             await recorder.ping()
+            if db.dialect == "sqlite":
+                await self._alone_on_sqlite()
             await recorder.heartbeat()
             if db.dialect == "sqlite":
                 # One server per SQLite file: rows another run left open ended with it.
                 closed = await anyio.to_thread.run_sync(db.close_open, None)
                 if closed:
                     log.info("database: %d sandboxes of an earlier run marked ended", closed)
+        except ConfigurationError:
+            raise
         except AgentNestError as exc:
             log.error("%s", exc)
             return False
         return True
+
+    async def _alone_on_sqlite(self) -> None:
+        """Refuse to share a SQLite file with a live server: each would end the other's
+        sandboxes as those of an earlier run (and SQLite has one writer)."""
+        assert self.recorder is not None
+        db = self.recorder.database
+        for other in await anyio.to_thread.run_sync(db.list_servers):
+            owner = f"{other['host']}:{other['pid']}"
+            alive = owner_alive(owner)
+            if other["server"] == self.recorder.server or alive is False:
+                continue
+            if alive or time.time() - float(other["seen"]) < self.settings.server_timeout:
+                raise ConfigurationError(
+                    f"the SQLite database {db.display} is in use by another agentnest serve ({owner}); "
+                    "give this server its own --database, or share PostgreSQL between servers"
+                )
 
     async def run_database(self, opened: bool = False) -> None:
         """Until cancelled: open the database (retrying unless ``opened``), write what is

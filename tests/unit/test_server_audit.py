@@ -5,6 +5,7 @@ Over real HTTP on loopback (uvicorn), local agent processes behind the server (n
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -280,3 +281,30 @@ def test_a_backend_that_fails_every_create_leaves_nothing_held_and_every_failure
                 assert live.service.admission.holdings("default").sandboxes == 1
     finally:
         broken.kill_all()
+
+
+def test_two_live_servers_never_share_a_sqlite_file(tmp_path: Path, backend: LocalBackend) -> None:
+    import asyncio
+    import subprocess
+
+    from agentnest.errors import ConfigurationError
+    from agentnest.server.db import Database
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    second = create_app(make_settings(tmp_path, backend, database=url))
+    for _ in _serve(make_settings(tmp_path, backend, database=url)):
+        with pytest.raises(ConfigurationError, match="in use by another agentnest serve"):
+            asyncio.run(second.state.service.open_database())
+    # Stopped cleanly, the first one deregistered: the file is free.
+    assert asyncio.run(second.state.service.open_database()) is True
+    asyncio.run(second.state.service.close())  # it stops cleanly too
+    # A server killed on this host (its process is gone) does not hold the file either.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    database = Database(url)
+    try:
+        database.heartbeat("killed", host=socket.gethostname(), pid=gone.pid, started=time.time())
+    finally:
+        database.close()
+    third = create_app(make_settings(tmp_path, backend, database=url))
+    assert asyncio.run(third.state.service.open_database()) is True

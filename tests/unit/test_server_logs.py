@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -41,7 +42,9 @@ def test_the_server_logs_json_lines_when_asked(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     argv = [sys.executable, "-m", "agentnest", "serve", "--port", str(port), "--no-audit-log"]
     argv += ["--tokens", str(tmp_path / "tokens.json"), "--image", "local/none:1", "--log-format", "json"]
-    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as server:
+    # The default database (a SQLite file under $XDG_STATE_HOME) goes under the test's directory.
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env) as server:
         try:
 
             def up() -> bool:
