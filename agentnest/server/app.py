@@ -64,20 +64,10 @@ from .admission import Position
 from .audit_routes import add_audit_routes
 from .auth import AuthError, Token
 from .channel_audit import ChannelAudit
-from .service import (
-    DEFAULT_MAX_BODY,
-    DEFAULT_MAX_UPLOAD,
-    MAX_CHANNELS,
-    MAX_SESSIONS,
-    Entry,
-    Lease,
-    Refused,
-    ServerSettings,
-    Service,
-    TooLarge,
-    emitter_of,
-    handle_of,
-)
+from .entries import Entry, Lease
+from .refused import Refused, TooLarge
+from .service import MAX_CHANNELS, MAX_SESSIONS, Service, emitter_of, handle_of
+from .settings import DEFAULT_MAX_BODY, DEFAULT_MAX_UPLOAD, ServerSettings
 from .tenant_routes import add_tenant_routes
 from .tracing import TracingMiddleware, fastapi_options
 

@@ -22,7 +22,8 @@ from . import schemas as s
 from .auth import Token
 from .db import MAX_PAGE, EventQuery
 from .recorder import Recorder
-from .service import Refused, Service
+from .refused import Refused
+from .service import Service
 
 #: Longest long poll (seconds).
 MAX_WAIT = 30.0

@@ -14,21 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
-from starlette.exceptions import HTTPException
 
-from ..aio import AsyncPythonSession, AsyncSandbox
+from ..aio import AsyncSandbox
 from ..config import ResourceLimits, parse_size
 from ..egress.proxy import parse_ip
 from ..errors import (
@@ -38,17 +36,20 @@ from ..errors import (
     ConfigurationError,
     PolicyDeniedError,
 )
-from ..events import EventType, Observer
+from ..events import EventType
 from ..policy import NetworkMode, NetworkPolicy, SecurityPolicy
 from ..runtime.base import RuntimeBackend, SandboxHandle
-from ..runtime.owner import owner_alive
 from ..runtime.registry import get_backend
 from ..secrets import Secret
 from . import schemas as s
-from .admission import DEFAULT_AGING, DEFAULT_MAX_QUEUE, Admission, Grant, Position, Rejected, Resources
-from .auth import Token, TokenStore
+from .admission import Admission, Grant, Position, Rejected, Resources
+from .auth import Token
 from .channel_audit import Emit
-from .pools import POOL_TICK, PoolSpec, WarmPool, pool_specs
+from .entries import Entry, Lease
+from .pools import POOL_TICK, PoolSpec, WarmPool
+from .refused import Refused
+from .service_db import DatabaseMixin
+from .settings import ServerSettings
 from .tenants import BANDS, POOL_PREFIX, Tenant
 from .tracing import Tracing
 
@@ -59,17 +60,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("agentnest.server")
 T = TypeVar("T")
 
-#: JSON bodies larger than this are refused with 413 before they are read.
-DEFAULT_MAX_BODY = 16 * 1024 * 1024
-#: File uploads and snapshot restores may be larger, up to this.
-DEFAULT_MAX_UPLOAD = 256 * 1024 * 1024
 #: Agent channels (websockets) open at once per sandbox: each is an agent process in it.
 MAX_CHANNELS = 4
 #: Python sessions per sandbox.
 MAX_SESSIONS = 8
 _DEFAULTS = ResourceLimits()
-#: History the database keeps unless told otherwise: 30 days.
-DEFAULT_RETENTION = 30 * 86400.0
 #: What a claim from a warm pool cannot ask for: the warm sandbox is already running.
 POOL_FIXED = frozenset(
     {
@@ -103,204 +98,6 @@ UNBOUNDED_MEMORY = 1 << 62
 UNBOUNDED_CPUS = 1e9
 
 
-@dataclasses.dataclass(frozen=True)
-class ServerSettings:
-    """How the server runs.  Everything here is the operator's choice; clients choose within tokens.
-
-    Args:
-        tokens: the token store (see :mod:`agentnest.server.auth`).
-        backends: backends clients may be granted, by name (the first is the
-            default); values are names for the registry or instances.
-        image: the default image (``None``: the base image); a token without
-            ``images`` in its ceiling gets only this one.
-        default_lifetime: lifetime of a sandbox whose client gives none (at
-            most the token's ``max_timeout``).
-        max_sandboxes: live sandboxes on the server, all tokens together.
-        max_body_bytes: largest JSON request body (413 beyond).
-        max_upload_bytes: largest file upload or snapshot restore body.
-        reap_interval: seconds between sweeps that destroy sandboxes past their deadline
-            or whose lease lapsed.
-        session_grace: seconds a ``session``-lease sandbox lives with no connection
-            of its client holding it (time to attach after the create, or to reconnect).
-        observers: event sinks for every sandbox (an audit log).
-        work_dir: where snapshots are staged while they stream (a private
-            temporary directory by default, removed at shutdown).
-        capacity_memory: memory all sandboxes may hold together (``None``: what
-            the default backend reports, e.g. Docker's host memory).
-        capacity_cpus: CPUs all sandboxes may hold together (``None``: the backend's).
-        aging: seconds after which a queued create moves up one priority band.
-        max_queue: creates waiting at once on the whole server (429 ``queue_full`` beyond).
-        pools: warm pools (:mod:`agentnest.server.pools`) a create may claim from by name.
-        database: the audit and usage database (:mod:`agentnest.server.db`): ``sqlite:///PATH``
-            or ``postgresql://...`` (``None``: none; the JSONL audit log only).
-        retention: seconds of history the database keeps (``None``: forever).
-        migrate: bring the database's schema up to date at start (else it must be already:
-            ``agentnest serve db upgrade``).
-        tracing: OpenTelemetry spans of requests, admissions and starts, where
-            ``opentelemetry-api`` is installed (:mod:`agentnest.server.tracing`).
-        tracer_provider: where those spans go (``None``: the global provider).
-        server_timeout: seconds after which a server sharing the database that stopped
-            sending heartbeats counts as gone: its open sandbox rows are ended (``lost``).
-    """
-
-    tokens: TokenStore
-    backends: Mapping[str, str | RuntimeBackend] = dataclasses.field(
-        default_factory=lambda: {"docker": "docker"}
-    )
-    image: str | None = None
-    default_lifetime: float = 600.0
-    max_sandboxes: int = 64
-    max_body_bytes: int = DEFAULT_MAX_BODY
-    max_upload_bytes: int = DEFAULT_MAX_UPLOAD
-    reap_interval: float = 1.0
-    session_grace: float = 15.0
-    observers: Sequence[Observer] = ()
-    work_dir: Path | None = None
-    capacity_memory: int | None = None
-    capacity_cpus: float | None = None
-    aging: float = DEFAULT_AGING
-    max_queue: int = DEFAULT_MAX_QUEUE
-    pools: Sequence[PoolSpec] = ()
-    database: str | None = None
-    retention: float | None = DEFAULT_RETENTION
-    migrate: bool = True
-    tracing: bool = True
-    tracer_provider: Any = None
-    server_timeout: float = 60.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.tokens, TokenStore):
-            raise ConfigurationError("tokens must be a TokenStore")
-        if not self.backends:
-            raise ConfigurationError("the server needs at least one backend")
-        for name in ("max_sandboxes", "max_body_bytes", "max_upload_bytes", "max_queue"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigurationError(f"{name}={value!r} must be a positive integer")
-        if self.capacity_memory is not None and (
-            isinstance(self.capacity_memory, bool)
-            or not isinstance(self.capacity_memory, int)
-            or self.capacity_memory <= 0
-        ):
-            raise ConfigurationError(f"capacity_memory={self.capacity_memory!r} must be a positive size")
-        if self.capacity_cpus is not None and not (
-            isinstance(self.capacity_cpus, (int, float)) and 0 < self.capacity_cpus < math.inf
-        ):
-            raise ConfigurationError(f"capacity_cpus={self.capacity_cpus!r} must be a positive number")
-        pool_specs(self.pools)  # unique names
-        if not all(isinstance(p, PoolSpec) for p in self.pools):
-            raise ConfigurationError("pools must be PoolSpec objects (see agentnest.server.pools.load_pools)")
-        if self.retention is not None and not (
-            isinstance(self.retention, (int, float))
-            and not isinstance(self.retention, bool)
-            and self.retention > 0
-        ):
-            raise ConfigurationError(
-                f"retention={self.retention!r} must be a positive number of seconds or None"
-            )
-        for name in ("default_lifetime", "reap_interval", "aging", "session_grace", "server_timeout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
-
-
-class Lease:
-    """What reaps a sandbox before its deadline: nothing, idleness, or its client's connections closing.
-
-    Times are ``time.monotonic()``: a wall-clock jump neither reaps nor spares a sandbox.
-    """
-
-    def __init__(self, kind: str = "deadline", idle_timeout: float | None = None) -> None:
-        self.kind = kind
-        self.idle_timeout = idle_timeout
-        now = time.monotonic()
-        self.last_used = now
-        self.holders = 0
-        self.unheld_since = now
-
-    def touch(self) -> None:
-        """The client used the sandbox (a call, a keepalive): an idle lease starts over."""
-        self.last_used = time.monotonic()
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """A connection of the client (channel, stream) holds the sandbox while open."""
-        self.holders += 1
-        self.touch()
-        try:
-            yield
-        finally:
-            self.holders -= 1
-            self.touch()
-            if not self.holders:
-                self.unheld_since = time.monotonic()
-
-    def expires(self, grace: float) -> float | None:
-        """When (monotonic) it lapses if nothing renews it; None: not by itself."""
-        if self.kind == "idle" and self.idle_timeout is not None and not self.holders:
-            return self.last_used + self.idle_timeout
-        if self.kind == "session" and not self.holders:
-            return self.unheld_since + grace
-        return None
-
-    def out(self, grace: float) -> s.LeaseOut:
-        expires = self.expires(grace)
-        return s.LeaseOut(
-            kind=self.kind,  # type: ignore[arg-type]
-            expires_at=None if expires is None else round(time.time() + (expires - time.monotonic()), 3),
-            idle_timeout=self.idle_timeout,
-            holders=self.holders,
-        )
-
-
-class Entry:
-    """One live sandbox of one token."""
-
-    def __init__(
-        self,
-        token_id: str,
-        sandbox: AsyncSandbox,
-        backend_name: str,
-        grant: Grant,
-        lease: Lease | None = None,
-    ) -> None:
-        self.token_id = token_id
-        self.sandbox = sandbox
-        self.backend_name = backend_name
-        self.grant = grant
-        self.lease = lease or Lease()
-        self.created = time.time()
-        self.sessions: dict[str, AsyncPythonSession] = {}
-        self.channels = 0
-        self.gone = asyncio.Event()
-        """Set when the server destroys it (ends the streams that hold it)."""
-        self.until: float | None = None
-        """A claimed warm sandbox's deadline as its client asked (the server reaps it then; its
-        engine deadline, set when it was started warm, may be later and stays the backstop)."""
-        self.claimed_at = time.time()
-
-    @property
-    def deadline(self) -> float:
-        if self.until is None:
-            return self.sandbox.deadline
-        return min(self.until, self.sandbox.deadline)
-
-
-class Refused(HTTPException):
-    """An HTTP error with a stable code (the body is ``{"detail", "code"}``)."""
-
-    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(status, detail, headers)
-        self.code = code
-
-
-class TooLarge(Refused):
-    def __init__(self, limit: int) -> None:
-        super().__init__(
-            413, "too_large", f"the request body is larger than this server's limit of {limit} bytes"
-        )
-
-
 def handle_of(sandbox: AsyncSandbox) -> SandboxHandle:
     # The backend handle of a sandbox the server owns: needed to open further
     # agent channels for the remote backend.
@@ -312,7 +109,7 @@ def emitter_of(sandbox: AsyncSandbox) -> Emit:
     return sandbox._sandbox._guard.emit
 
 
-class Service:
+class Service(DatabaseMixin):
     """The sandboxes of one server, by token.  Runs on the server's event loop (no locks needed)."""
 
     def __init__(self, settings: ServerSettings) -> None:
@@ -864,140 +661,6 @@ class Service:
             self.pool_wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.pool_wake.wait(), POOL_TICK)
-
-    # -- the database ----------------------------------------------------------------
-
-    def observers(self, tenant: str, token: str | None) -> tuple[Observer, ...]:
-        """The event sinks of a new sandbox: the server's, and the database tagged with its owner.
-
-        The owner is looked up per event: a warm sandbox's events belong to its
-        pool until a claim, then to the claiming tenant and token.
-        """
-        tracing = () if self.tracing.observer is None else (self.tracing.observer,)
-        recorder = self.recorder
-        if recorder is None:
-            return (*self.settings.observers, *tracing)
-
-        def owner(sandbox_id: str) -> tuple[str, str | None]:
-            entry = self.entries.get(sandbox_id)  # a dict read: safe from the guard's threads
-            return (tenant, token) if entry is None else (entry.grant.tenant, entry.token_id)
-
-        return (*self.settings.observers, *tracing, recorder.observer(owner))
-
-    async def _started(self, entry: Entry, launch: str) -> None:
-        """Record a new sandbox, durably before the client hears of it (one transaction): a
-        server killed right after its answer still leaves the sandbox in the history."""
-        self.tracing.annotate(sandbox_id=entry.sandbox.id, launch=launch)
-        if self.recorder is None:
-            return
-        limits = entry.sandbox.config.limits
-        self.recorder.started(
-            entry.sandbox.id,
-            tenant=entry.grant.tenant,
-            token=entry.token_id,
-            backend=entry.backend_name,
-            image=entry.sandbox.config.image,
-            launch=launch,
-            memory=limits.memory,
-            cpus=limits.cpus,
-        )
-        try:
-            await self.recorder.flush()
-        except Exception as exc:  # queued still, retried by the writer; the sandbox is real
-            log.warning("recording the start of sandbox %s: %s", entry.sandbox.id, exc)
-
-    async def require_database(self) -> None:
-        """Refuse a create with 503 ``database_unavailable`` while the database is down:
-        an admission that cannot be recorded is not made (running sandboxes are not touched)."""
-        if self.recorder is None:
-            return
-        try:
-            await self.recorder.require()
-        except AgentNestError as exc:
-            raise Refused(
-                503, "database_unavailable", f"{exc}; creates resume when it answers", {"Retry-After": "5"}
-            ) from None
-
-    async def open_database(self) -> bool:
-        """Migrate (or check) the database once; False if it is unreachable now (logged).
-
-        Raises:
-            ConfigurationError: another live server uses the same SQLite file.
-        """
-        recorder = self.recorder
-        if recorder is None:
-            return True
-        db = recorder.database
-        try:
-            if self.settings.migrate:
-                before, after = await anyio.to_thread.run_sync(db.upgrade)
-                if before != after:
-                    log.info("database %s migrated from %s to %s", db.display, before or "nothing", after)
-            await recorder.ping()
-            if db.dialect == "sqlite":
-                await self._alone_on_sqlite()
-            await recorder.heartbeat()
-            if db.dialect == "sqlite":
-                # One server per SQLite file: rows another run left open ended with it.
-                closed = await anyio.to_thread.run_sync(db.close_open, None)
-                if closed:
-                    log.info("database: %d sandboxes of an earlier run marked ended", closed)
-        except ConfigurationError:
-            raise
-        except AgentNestError as exc:
-            log.error("%s", exc)
-            return False
-        return True
-
-    async def _alone_on_sqlite(self) -> None:
-        """Refuse to share a SQLite file with a live server: each would end the other's
-        sandboxes as those of an earlier run (and SQLite has one writer)."""
-        assert self.recorder is not None
-        db = self.recorder.database
-        for other in await anyio.to_thread.run_sync(db.list_servers):
-            owner = f"{other['host']}:{other['pid']}"
-            alive = owner_alive(owner)
-            if other["server"] == self.recorder.server or alive is False:
-                continue
-            if alive or time.time() - float(other["seen"]) < self.settings.server_timeout:
-                raise ConfigurationError(
-                    f"the SQLite database {db.display} is in use by another agentnest serve ({owner}); "
-                    "give this server its own --database, or share PostgreSQL between servers"
-                )
-
-    async def run_database(self, opened: bool = False) -> None:
-        """Until cancelled: open the database (retrying unless ``opened``), write what is
-        recorded, apply the retention."""
-        recorder = self.recorder
-        if recorder is None:
-            return
-        while not opened and not await self.open_database():
-            await anyio.sleep(5.0)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(recorder.run)
-            tg.start_soon(recorder.liveness, self.settings.server_timeout, self._reclaim)
-            if recorder.retention is not None:
-                every = min(3600.0, recorder.retention / 4)
-                while True:
-                    try:
-                        pruned = await recorder.prune()
-                        if pruned:
-                            log.info("database: %d records past the retention deleted", pruned)
-                    except AgentNestError as exc:
-                        log.warning("database retention: %s", exc)
-                    await anyio.sleep(every)
-
-    async def _reclaim(self, owners: list[str]) -> None:
-        """Remove from every backend what servers that stopped answering left running (the
-        backend decides what it can reach: Docker, the sandboxes of gone processes on its host)."""
-        for name, backend in self.backends.items():
-            try:
-                removed = await anyio.to_thread.run_sync(backend.reclaim, owners)
-            except AgentNestError as exc:
-                log.warning("reclaiming the sandboxes of %s on %s: %s", owners, name, exc)
-                continue
-            if removed:
-                log.warning("removed %d sandboxes of %s from %s", removed, owners, name)
 
     async def fork(self, token: Token, parent: Entry, timeout: float | None) -> Entry:
         """A copy of ``parent`` for ``token``: admitted like a create, without waiting."""

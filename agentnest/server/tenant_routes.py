@@ -13,7 +13,8 @@ from fastapi import Path as PathParam
 from ..errors import ConfigurationError
 from . import schemas as s
 from .auth import Token
-from .service import Refused, Service
+from .refused import Refused
+from .service import Service
 from .tenants import Tenant, check_tenant_name
 
 TenantName = Annotated[str, PathParam(min_length=1, max_length=40)]

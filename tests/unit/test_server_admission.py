@@ -22,7 +22,8 @@ from agentnest.errors import AdmissionRefusedError
 from agentnest.server import schemas
 from agentnest.server.app import ServerSettings, create_app
 from agentnest.server.auth import Ceiling
-from agentnest.server.service import Refused, Service
+from agentnest.server.refused import Refused
+from agentnest.server.service import Service
 from agentnest.server.tenants import Tenant
 from agentnest.server.thread import serve_in_thread
 from agentnest.testing.wait import wait_until
