@@ -19,14 +19,30 @@ REQUIRE_ENGINE = os.environ.get("AGENTNEST_REQUIRE_ENGINE") == "1"
 @lru_cache(maxsize=1)
 def engine_state() -> tuple[bool, set[str], str]:
     """(reachable, runtimes, reason)."""
+    import socket
+
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if host.startswith("unix://"):
+        # Looked at first: docker-py leaks the socket of a refused connection while it
+        # negotiates the API version, and that ResourceWarning then fails some other test.
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(10)
+            try:
+                probe.connect(host.removeprefix("unix://"))
+            except OSError as exc:
+                return False, set(), f"Docker engine not reachable: {exc}"
     try:
         import docker
 
         client = docker.from_env(timeout=10)
-        info = client.info()
-        client.close()
     except Exception as exc:  # any failure means "no engine" here
         return False, set(), f"Docker engine not reachable: {exc}"
+    try:
+        info = client.info()
+    except Exception as exc:
+        return False, set(), f"Docker engine not reachable: {exc}"
+    finally:
+        client.close()  # a refused connection's socket too (else a ResourceWarning lands in some test)
     return True, set(info.get("Runtimes") or {}), ""
 
 

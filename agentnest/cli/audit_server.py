@@ -102,6 +102,7 @@ def handle_server(
                 [*params, ("after", str(after)), ("limit", str(_PAGE)), ("wait", str(wait))],
                 timeout=wait + 30.0,
             )
+            events, cursor = _page(base, page, after)
         except ServerError as exc:
             if not args.follow or failures >= 5:
                 error(str(exc))
@@ -110,14 +111,29 @@ def handle_server(
             sleep(min(2.0**failures, 10.0))
             continue
         failures = 0
-        for event in page.get("events", []):
+        for event in events:
             print(show(event), flush=args.follow)
             printed += 1
             if limit is not None and printed >= limit:
                 return 0
-        after = int(page.get("next", after))
-        if not page.get("events") and not args.follow:
+        after = cursor
+        if not events and not args.follow:
             return 0
+
+
+def _page(base: str, page: Any, after: int) -> tuple[list[dict[str, Any]], int]:
+    """A page of ``/v1/audit``, checked (the server is another program: its answer is untrusted)."""
+    events = page.get("events") if isinstance(page, dict) else None
+    cursor = page.get("next") if isinstance(page, dict) else None
+    if (
+        not isinstance(events, list)
+        or not all(isinstance(e, dict) for e in events)
+        or not isinstance(cursor, int)
+        or isinstance(cursor, bool)
+        or (events and cursor <= after)
+    ):
+        raise ServerError(f"{base} sent a page that is not an audit page (is it an agentnest server?)")
+    return events, cursor
 
 
 def _usage(args: argparse.Namespace, base: str, token: str) -> int:
@@ -130,24 +146,40 @@ def _usage(args: argparse.Namespace, base: str, token: str) -> int:
         params.append(("until", repr(args.until)))
     try:
         answer = _request(base, token, "/v1/usage", params, timeout=30.0)
+        rows = _usage_rows(base, answer)
     except ServerError as exc:
         error(str(exc))
         return 1
     if args.json:
         print(json.dumps(answer, separators=(",", ":")))
         return 0
-    print_table(
-        ["TENANT", "CREATES", "SANDBOX-H", "CPU-H", "MEMORY-GIB-H", "REJECTED"],
-        [
-            [
-                str(row["tenant"]),
-                str(row["creates"]),
-                f"{row['sandbox_seconds'] / 3600:.3f}",
-                f"{row['cpu_seconds'] / 3600:.3f}",
-                f"{row['memory_gib_seconds'] / 3600:.3f}",
-                str(row["rejections"]),
-            ]
-            for row in answer.get("usage", [])
-        ],
-    )
+    print_table(["TENANT", "CREATES", "SANDBOX-H", "CPU-H", "MEMORY-GIB-H", "REJECTED"], rows)
     return 0
+
+
+_USAGE_NUMBERS = ("creates", "sandbox_seconds", "cpu_seconds", "memory_gib_seconds", "rejections")
+
+
+def _usage_rows(base: str, answer: Any) -> list[list[str]]:
+    """The table of a ``/v1/usage`` answer, checked (untrusted, like every answer)."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(usage, list) or not all(
+        isinstance(row, dict)
+        and isinstance(row.get("tenant"), str)
+        and all(
+            isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool) for k in _USAGE_NUMBERS
+        )
+        for row in usage
+    ):
+        raise ServerError(f"{base} sent an answer that is not a usage report (is it an agentnest server?)")
+    return [
+        [
+            row["tenant"],
+            str(row["creates"]),
+            f"{row['sandbox_seconds'] / 3600:.3f}",
+            f"{row['cpu_seconds'] / 3600:.3f}",
+            f"{row['memory_gib_seconds'] / 3600:.3f}",
+            str(row["rejections"]),
+        ]
+        for row in usage
+    ]

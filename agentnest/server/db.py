@@ -31,6 +31,7 @@ Everything here is synchronous (the server calls it in worker threads,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -259,20 +260,11 @@ class Database:
     # -- migrations ----------------------------------------------------------------
 
     def _alembic(self, conn: Connection | None = None) -> Any:
-        from alembic.config import Config
-
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS))
-        config.attributes["connection"] = conn
-        return config
+        return _config(conn)
 
     def head(self) -> str:
         """The newest migration this version of agentnest ships."""
-        from alembic.script import ScriptDirectory
-
-        head = ScriptDirectory.from_config(self._alembic()).get_current_head()
-        assert head is not None
-        return head
+        return _shipped()[-1]
 
     def revision(self) -> str | None:
         """The migration the database is at (``None``: never migrated)."""
@@ -301,12 +293,9 @@ class Database:
 
     def _known(self, revision: str | None) -> None:
         """Raise if ``revision`` is not one of ours: a newer agentnest migrated the database."""
-        from alembic.script import ScriptDirectory
-
         if revision is None:
             return
-        scripts = ScriptDirectory.from_config(self._alembic())
-        if revision not in {script.revision for script in scripts.walk_revisions()}:
+        if revision not in _shipped():
             raise RuntimeNotAvailableError(
                 f"the manager's database {self.display} is at migration {revision}, which agentnest "
                 f"{__version__} does not know (a newer agentnest migrated it); run that version or a "
@@ -514,11 +503,6 @@ class Database:
             for row in rows
         ]
 
-    def last_id(self) -> int:
-        """The newest event's id (0 when there is none): where a follower starts."""
-        with self._begin() as conn:
-            return int(conn.execute(sa.select(sa.func.max(events.c.id))).scalar() or 0)
-
     def usage(self, since: float, until: float | None = None, tenant: str | None = None) -> list[Usage]:
         """Usage per tenant over ``[since, until)`` (``until``: now); open sandboxes count to now."""
         now = time.time()
@@ -567,6 +551,26 @@ class Database:
                 )
             )
         return out
+
+
+@functools.cache
+def _shipped() -> tuple[str, ...]:
+    """The migrations in the package, oldest first (read from disk once: /readyz and every
+    health check of a create ask for them)."""
+    from alembic.script import ScriptDirectory
+
+    scripts = ScriptDirectory.from_config(_config()).walk_revisions()
+    return tuple(reversed([script.revision for script in scripts]))
+
+
+def _config(conn: Connection | None = None) -> Any:
+    """Alembic's configuration: our migrations, run on ``conn`` (see migrations/env.py)."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = conn
+    return config
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -72,7 +72,8 @@ class Recorder:
         self._flushing = asyncio.Lock()
         self.dropped = 0
         self.healthy = True
-        self.error: str | None = None
+        self.waiters = 0
+        """Readers in :meth:`written` now (long polls waiting for news)."""
         self._last_ok = time.monotonic()
         self._written = asyncio.Event()
 
@@ -102,57 +103,55 @@ class Recorder:
 
         def record(event: SandboxEvent) -> None:
             tenant, token = owner(event.sandbox_id)
-            self._put(
-                (
-                    "event",
-                    {
-                        "event_id": event.event_id,
-                        "time": event.timestamp,
-                        "tenant": tenant,
-                        "token": token,
-                        "sandbox_id": event.sandbox_id,
-                        "type": event.type.value,
-                        "actor": event.actor,
-                        "data": dict(event.attributes),
-                    },
-                )
+            self._event(
+                event.type.value,
+                tenant,
+                token,
+                dict(event.attributes),
+                sandbox_id=event.sandbox_id,
+                actor=event.actor,
+                event_id=event.event_id,
+                at=event.timestamp,
             )
 
         return record
 
     def decision(self, outcome: str, tenant: str, reason: str | None, waited: float) -> None:
         """An admission decision (``admission.admitted`` or ``admission.rejected``)."""
-        self._put(
-            (
-                "event",
-                {
-                    "event_id": uuid.uuid4().hex,
-                    "time": time.time(),
-                    "tenant": tenant,
-                    "token": None,
-                    "sandbox_id": "",
-                    "type": "admission.admitted" if outcome == "granted" else "admission.rejected",
-                    "actor": "host",
-                    "data": {"reason": reason, "waited": round(waited, 6)},
-                },
-            )
-        )
+        kind = "admission.admitted" if outcome == "granted" else "admission.rejected"
+        self._event(kind, tenant, None, {"reason": reason, "waited": round(waited, 6)})
 
     def create_failed(self, tenant: str, token: str | None, backend: str, exc: BaseException) -> None:
         """An admitted create whose start failed (``sandbox.create_failed``; no sandbox id)."""
+        # The same message the client got in its 502 answer, bounded.
+        data = {"backend": backend, "error": type(exc).__name__, "message": str(exc)[:500]}
+        self._event("sandbox.create_failed", tenant, token, data)
+
+    def _event(
+        self,
+        kind: str,
+        tenant: str,
+        token: str | None,
+        data: dict[str, Any],
+        *,
+        sandbox_id: str = "",
+        actor: str = "host",
+        event_id: str | None = None,
+        at: float | None = None,
+    ) -> None:
+        """Queue one row of ``events`` (a host event of the manager unless told otherwise)."""
         self._put(
             (
                 "event",
                 {
-                    "event_id": uuid.uuid4().hex,
-                    "time": time.time(),
+                    "event_id": event_id or uuid.uuid4().hex,
+                    "time": time.time() if at is None else at,
                     "tenant": tenant,
                     "token": token,
-                    "sandbox_id": "",
-                    "type": "sandbox.create_failed",
-                    "actor": "host",
-                    # The same message the client got in its 502 answer, bounded.
-                    "data": {"backend": backend, "error": type(exc).__name__, "message": str(exc)[:500]},
+                    "sandbox_id": sandbox_id,
+                    "type": kind,
+                    "actor": actor,
+                    "data": data,
                 },
             )
         )
@@ -250,14 +249,12 @@ class Recorder:
         if not self.healthy:
             log.info("the manager's database %s is reachable again", self.database.display)
         self.healthy = True
-        self.error = None
         self._last_ok = time.monotonic()
 
     def _down(self, exc: BaseException) -> None:
         if self.healthy:
             log.error("%s", exc)
         self.healthy = False
-        self.error = str(exc)
 
     async def ping(self) -> None:
         """Raise :class:`RuntimeNotAvailableError` unless the database answers at its newest schema."""
@@ -292,8 +289,12 @@ class Recorder:
 
     async def written(self, timeout: float) -> None:
         """Return when this server next writes to the database, or after ``timeout`` seconds."""
-        with anyio.move_on_after(timeout):
-            await self._written.wait()
+        self.waiters += 1
+        try:
+            with anyio.move_on_after(timeout):
+                await self._written.wait()
+        finally:
+            self.waiters -= 1
 
     async def usage(self, since: float, until: float | None, tenant: str | None) -> list[Usage]:
         await self.flush()

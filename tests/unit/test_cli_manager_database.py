@@ -74,6 +74,10 @@ def test_audit_server_prints_the_history_and_usage(
     assert main(["audit", "--server", url, "--token", admin, "--usage", "--json"]) == 0
     usage = json.loads(capsys.readouterr().out)["usage"]
     assert [(u["tenant"], u["creates"]) for u in usage] == [("default", 1)]
+    assert main(["audit", "--server", url, "--token", admin, "--usage"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["TENANT", "CREATES", "SANDBOX-H", "CPU-H", "MEMORY-GIB-H", "REJECTED"]
+    assert table[1].split()[:2] == ["default", "1"]
     assert main(["audit", "--server", url, "--token", "ant_wrong", "--usage"]) == 1
     assert "answered 401" in capsys.readouterr().err
     assert main(["audit", "--server", "ftp://x", "--token", secret]) == 2
@@ -101,3 +105,43 @@ def test_audit_server_follow_prints_new_events_as_they_come(
     assert len(lines) == before + 2
     assert [e["type"] for e in lines[-2:]] == ["exec.started", "exec.finished"]
     assert "followed" in str(lines[-2]["data"])
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[]",
+        b'{"events": "x", "next": 1}',
+        b'{"events": [1], "next": 1}',
+        b'{"usage": [{"tenant": 1}]}',
+        b"{}",
+    ],
+)
+def test_audit_server_refuses_answers_that_are_not_ours(
+    body: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import http.server
+
+    class Fake(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert main(["audit", "--server", url, "--token", "ant_x"]) == 1
+        assert "not an audit page" in capsys.readouterr().err
+        assert main(["audit", "--server", url, "--token", "ant_x", "--usage"]) == 1
+        assert "not a usage report" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -21,6 +21,7 @@ from agentnest.server.auth import Ceiling
 from agentnest.server.service import Service
 from agentnest.server.tenants import Tenant
 from agentnest.server.thread import serve_in_thread
+from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -136,7 +137,9 @@ def test_a_long_poll_answers_when_a_new_event_is_written(live: Live) -> None:
 
         waiter = threading.Thread(target=poll)
         waiter.start()
-        time.sleep(0.3)  # not a signal: gives the poll time to start waiting, the assert below checks it did
+        recorder = live.service.recorder
+        assert recorder is not None
+        wait_until(lambda: recorder.waiters == 1, "the long poll waiting for news", within=20)
         assert waiter.is_alive()
         a.post(f"/v1/sandboxes/{made['id']}/exec", json={"shell": "echo wake"})
         waiter.join(30)
