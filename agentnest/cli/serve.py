@@ -131,6 +131,14 @@ def register(commands: Commands) -> None:
         "ended in the history and removed from the backend where reachable (default 60)",
     )
     parser.add_argument(
+        "--leader-lease",
+        type=positive_float,
+        default=15.0,
+        metavar="SECONDS",
+        help="replicas sharing PostgreSQL elect a leader (it sweeps gone servers and applies the "
+        "retention); a successor takes over within this time (default 15)",
+    )
+    parser.add_argument(
         "--no-migrate",
         action="store_true",
         help="do not migrate the database at start; refuse to serve until `serve db upgrade` has",
@@ -549,6 +557,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         migrate=not args.no_migrate,
         tracing=not args.no_tracing,
         server_timeout=args.server_timeout,
+        leader_lease=args.leader_lease,
     )
 
 

@@ -40,6 +40,7 @@ import dataclasses
 import itertools
 import math
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Literal
 
@@ -122,9 +123,11 @@ class Position:
 class Grant:
     """Resources held for one sandbox.  :meth:`Admission.release` gives them back (once)."""
 
-    __slots__ = ("demand", "granted_at", "released", "tenant", "waited")
+    __slots__ = ("demand", "granted_at", "id", "released", "tenant", "waited")
 
     def __init__(self, tenant: str, demand: Resources, granted_at: float, waited: float) -> None:
+        self.id = uuid.uuid4().hex
+        """Names the grant where replicas share admission (its row in the ``holds`` table)."""
         self.tenant = tenant
         self.demand = demand
         self.granted_at = granted_at
@@ -237,6 +240,12 @@ class Admission:
         self._last_release: float | None = None
         #: Called after each decision: ("granted"|"rejected", tenant, reason or None, waited seconds).
         self.on_decision: list[Callable[[str, str, str | None, float], None]] = []
+        #: Called with each grant given back by :meth:`release`.
+        self.on_release: list[Callable[[Grant], None]] = []
+        # What other replicas hold (shared admission on PostgreSQL), per tenant and in all:
+        # counted as held here, so this server's queue waits for room the others took.
+        self._others: dict[str, Resources] = {}
+        self._others_total = Resources()
 
     # -- state -------------------------------------------------------------------
 
@@ -263,6 +272,16 @@ class Admission:
         """New capacity (the operator's or the backend's); queued requests may fit now."""
         self.capacity = capacity
         self._dispatch()
+
+    def set_others(self, held: dict[str, Resources]) -> None:
+        """What the other replicas hold now, per tenant (:mod:`agentnest.server.shared`)."""
+        total = Resources()
+        for resources in held.values():
+            total = total + resources
+        changed = held != self._others
+        self._others, self._others_total = held, total
+        if changed:
+            self._dispatch()
 
     def retune(self, tenant: Tenant) -> None:
         """Apply a tenant's changed settings to what it holds and has queued."""
@@ -411,6 +430,18 @@ class Admission:
         self._held = self._held - grant.demand
         return True
 
+    def revoke(self, grant: Grant, transfer: Grant | None = None) -> None:
+        """Undo a grant the shared admission refused: it never held anything, and the
+        grant it took over (``transfer``, a warm sandbox's) holds again."""
+        self._unhold(grant)
+        if transfer is not None and transfer.released:
+            transfer.released = False
+            state = self._tenants.get(transfer.tenant)
+            if state is not None:
+                state.held = state.held + transfer.demand
+            self._held = self._held + transfer.demand
+        self._dispatch()
+
     def withdraw(self, ticket: Ticket) -> None:
         """Take a request that is still waiting out of the queue (its caller gives up)."""
         self._remove(ticket)
@@ -419,6 +450,8 @@ class Admission:
         """Give back what ``grant`` held (the sandbox is gone).  Safe to call twice."""
         if not self._unhold(grant):
             return
+        for callback in self.on_release:
+            callback(grant)
         now = self._clock()
         if self._last_release is not None:
             gap = max(now - self._last_release, 1e-3)
@@ -480,12 +513,17 @@ class Admission:
     def _effective_band(self, ticket: Ticket, now: float) -> int:
         return max(0, ticket.band - int((now - ticket.enqueued) / self.aging))
 
+    def _holding(self, state: _Tenant) -> Resources:
+        """What a tenant holds on every replica (this one's exact count, the others' as last read)."""
+        others = self._others.get(state.config.name)
+        return state.held if others is None else state.held + others
+
     def _order(self, now: float) -> Iterator[tuple[_Tenant, Ticket]]:
         heads = [(state, state.queue[0]) for state in self._tenants.values() if state.queue]
         heads.sort(
             key=lambda pair: (
                 self._effective_band(pair[1], now),
-                pair[0].held.share_of(self.capacity) / pair[0].config.weight,
+                self._holding(pair[0]).share_of(self.capacity) / pair[0].config.weight,
                 pair[1].enqueued,
                 pair[1].seq,
             )
@@ -501,7 +539,7 @@ class Admission:
             progress = False
             for state, head in self._order(now):
                 config = state.config
-                if not (state.held + head.demand).fits(tenant_limit(config)):
+                if not (self._holding(state) + head.demand).fits(tenant_limit(config)):
                     head.blocked_by = "tenant_cap"
                     continue
                 wait = state.bucket.wait_for_one(config, now)
@@ -511,7 +549,7 @@ class Admission:
                     continue
                 moving = head.transfer if head.transfer is not None and not head.transfer.released else None
                 needed = head.demand - moving.demand if moving is not None else head.demand
-                if not (self._held + needed).fits(self.capacity):
+                if not (self._held + self._others_total + needed).fits(self.capacity):
                     head.blocked_by = "capacity"
                     break  # strict order: nothing behind it jumps ahead
                 state.bucket.tokens -= 1.0

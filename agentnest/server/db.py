@@ -6,7 +6,7 @@ several replicas sharing one history.  The schema is created and moved
 forward only by the Alembic migrations in ``agentnest/server/migrations``
 (``agentnest serve db upgrade``, or at server start unless ``--no-migrate``).
 
-Three tables:
+Five tables:
 
 ``events``
     Every event the guard emits for a sandbox of the manager, tagged with the
@@ -20,6 +20,14 @@ Three tables:
 ``servers``
     The servers writing here, each with a heartbeat: the sandboxes of one
     that stopped answering (killed, its host gone) are ended by the others.
+``holds``
+    On PostgreSQL, what every replica has granted and not released (one row
+    per grant: tenant, sandboxes, memory, CPUs): admission across replicas is
+    one transaction over it (:meth:`Database.hold`), so no two replicas grant
+    the same room.
+``leases``
+    Named leases with a holder and an expiry: the leader among replicas
+    (:meth:`Database.lead`).
 
 Everything here is synchronous (the server calls it in worker threads,
 :mod:`agentnest.server.recorder`); every failure to reach the database is a
@@ -41,6 +49,7 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import ConfigurationError, MissingDependencyError, RuntimeNotAvailableError
+from .admission import Resources
 
 try:
     import sqlalchemy as sa
@@ -56,6 +65,10 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 #: Key of the PostgreSQL advisory lock held while migrating: replicas starting
 #: together migrate one after the other, never twice at once.
 _MIGRATION_LOCK = 0x41474E53  # "AGNS"
+#: Key of the PostgreSQL advisory lock of admission: held for the length of one
+#: :meth:`Database.hold` transaction, so the check of what every replica holds and
+#: the new row are one step (two replicas never both see the last free slot).
+_ADMISSION_LOCK = 0x41474E54
 #: Rows written per INSERT statement.
 _BATCH = 500
 #: Largest page of the query API.
@@ -113,6 +126,29 @@ servers = sa.Table(
     sa.Column("started", sa.Float, nullable=False),
     sa.Column("seen", sa.Float, nullable=False),
     sa.Index("ix_servers_seen", "seen"),
+)
+
+
+holds = sa.Table(
+    "holds",
+    metadata,
+    sa.Column("hold", sa.String(40), primary_key=True),
+    sa.Column("server", sa.String(64), nullable=False),
+    sa.Column("tenant", sa.String(64), nullable=False),
+    sa.Column("sandboxes", sa.Integer, nullable=False),
+    sa.Column("memory", sa.BigInteger, nullable=False),
+    sa.Column("cpus", sa.Float, nullable=False),
+    sa.Column("since", sa.Float, nullable=False),
+    sa.Index("ix_holds_server", "server"),
+    sa.Index("ix_holds_tenant", "tenant"),
+)
+
+leases = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("holder", sa.String(64), nullable=False),
+    sa.Column("expires", sa.Float, nullable=False),
 )
 
 
@@ -426,7 +462,7 @@ class Database:
         registered), at their last event; forget those servers.  Returns their owners
         (``host:pid``, as the backends label sandboxes) and the number of rows ended.
 
-        Every server runs it; it is one transaction and idempotent, so no leader is needed.
+        One transaction, idempotent; the leader runs it (:meth:`lead`).
         """
         cutoff = time.time() - stale_after
         with self._begin() as conn:
@@ -435,6 +471,9 @@ class Database:
             ).all()
             live = sa.select(servers.c.server).where(servers.c.seen >= cutoff)
             closed = self._close(conn, [sandboxes.c.server.not_in(live)], "lost")
+            # What a gone server held is free again (its sandboxes are ended above and
+            # removed from the backends by the caller).
+            conn.execute(holds.delete().where(holds.c.server.not_in(live)))
             if stale:
                 conn.execute(servers.delete().where(servers.c.server.in_([row.server for row in stale])))
             alive = {
@@ -451,6 +490,7 @@ class Database:
         """Forget ``server`` (it stopped cleanly, its rows ended)."""
         with self._begin() as conn:
             conn.execute(servers.delete().where(servers.c.server == server))
+            conn.execute(holds.delete().where(holds.c.server == server))
 
     def list_servers(self) -> list[dict[str, Any]]:
         """The registered servers, most recently seen first."""
@@ -469,6 +509,120 @@ class Database:
                 or 0
             )
         return int(gone)
+
+    # -- admission across replicas (PostgreSQL) -------------------------------------------
+
+    def hold(
+        self,
+        hold: str,
+        *,
+        server: str,
+        tenant: str,
+        demand: Resources,
+        tenant_limit: Resources,
+        capacity: Resources,
+        replaces: str | None = None,
+        released: Sequence[str] = (),
+    ) -> str | None:
+        """Grant ``demand`` to ``tenant`` if what every replica holds leaves room: one transaction.
+
+        ``replaces`` is a hold this one takes over (a warm sandbox changing from its
+        pool to the tenant); ``released`` are holds this server gave back and may
+        not have written yet.  Returns None when granted (the row is written),
+        else why not: ``tenant_cap`` or ``capacity``.
+        """
+        with self._begin() as conn:
+            if self.dialect == "postgresql":
+                # Serialises the admission transactions of all replicas (released at commit):
+                # without it two could each read the sums before the other's insert.
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _ADMISSION_LOCK})
+            if released:
+                conn.execute(holds.delete().where(holds.c.hold.in_(list(released))))
+            if not (self._held(conn, tenant, replaces) + demand).fits(tenant_limit):
+                return "tenant_cap"
+            if not (self._held(conn, None, replaces) + demand).fits(capacity):
+                return "capacity"
+            if replaces:
+                conn.execute(holds.delete().where(holds.c.hold == replaces))
+            conn.execute(
+                holds.insert(),
+                [
+                    {
+                        "hold": hold,
+                        "server": server,
+                        "tenant": tenant[:64],
+                        "sandboxes": demand.sandboxes,
+                        "memory": demand.memory,
+                        "cpus": demand.cpus,
+                        "since": time.time(),
+                    }
+                ],
+            )
+        return None
+
+    @staticmethod
+    def _held(conn: Connection, tenant: str | None, besides: str | None = None) -> Resources:
+        query = sa.select(
+            sa.func.coalesce(sa.func.sum(holds.c.sandboxes), 0),
+            sa.func.coalesce(sa.func.sum(holds.c.memory), 0),
+            sa.func.coalesce(sa.func.sum(holds.c.cpus), 0.0),
+        )
+        if besides is not None:
+            query = query.where(holds.c.hold != besides)
+        if tenant is not None:
+            query = query.where(holds.c.tenant == tenant)
+        n, memory, cpus = conn.execute(query).one()
+        return Resources(int(n), int(memory), float(cpus))
+
+    def held_elsewhere(self, server: str) -> dict[str, Resources]:
+        """What the other replicas hold, per tenant."""
+        with self._begin() as conn:
+            rows = conn.execute(
+                sa.select(
+                    holds.c.tenant,
+                    sa.func.sum(holds.c.sandboxes),
+                    sa.func.sum(holds.c.memory),
+                    sa.func.sum(holds.c.cpus),
+                )
+                .where(holds.c.server != server)
+                .group_by(holds.c.tenant)
+            ).all()
+        return {row[0]: Resources(int(row[1]), int(row[2]), float(row[3])) for row in rows}
+
+    def unhold(self, released: Sequence[str]) -> None:
+        """Forget holds given back (idempotent)."""
+        if released:
+            with self._begin() as conn:
+                conn.execute(holds.delete().where(holds.c.hold.in_(list(released))))
+
+    def lead(self, name: str, holder: str, ttl: float) -> bool:
+        """Take or renew the lease ``name`` for ``holder`` for ``ttl`` seconds; True if it holds it.
+
+        A lease whose holder stopped renewing it is free once it expires: the
+        successor takes over within ``ttl``.  (Replicas' clocks must agree to well
+        within ``ttl``, as for the heartbeats.)
+        """
+        now = time.time()
+        try:
+            with self._begin() as conn:
+                taken = conn.execute(
+                    leases.update()
+                    .where(leases.c.name == name, sa.or_(leases.c.holder == holder, leases.c.expires < now))
+                    .values(holder=holder, expires=now + ttl)
+                )
+                if taken.rowcount:
+                    return True
+                if conn.execute(sa.select(leases.c.name).where(leases.c.name == name)).first() is not None:
+                    return False
+                conn.execute(leases.insert(), [{"name": name, "holder": holder, "expires": now + ttl}])
+        except IntegrityError:
+            return False  # another replica inserted it first
+        return True
+
+    def resign(self, name: str, holder: str) -> None:
+        """Give the lease up at once (a clean stop: the successor need not wait it out)."""
+        with self._begin() as conn:
+            conn.execute(leases.delete().where(leases.c.name == name, leases.c.holder == holder))
 
     # -- reads -------------------------------------------------------------------------
 

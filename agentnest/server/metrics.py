@@ -24,7 +24,7 @@ from ..errors import MissingDependencyError
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingDependencyError(
@@ -87,6 +87,20 @@ class _State(Collector):
         capacity.add_metric(["memory_bytes"], admission.capacity.memory)
         capacity.add_metric(["cpus"], admission.capacity.cpus)
         yield capacity
+        leader = GaugeMetricFamily(
+            "agentnest_leader",
+            "1 if this server runs the once-for-all duties (the sweep of gone servers, the retention): "
+            "alone, or the holder of the leader's lease among replicas.",
+        )
+        leader.add_metric([], 1 if service.is_leader() else 0)
+        yield leader
+        if service.shared is not None:
+            refused = CounterMetricFamily(
+                "agentnest_shared_admission_refusals",
+                "Grants of this replica the shared database refused: another replica took the room first.",
+            )
+            refused.add_metric([], service.shared.refused)
+            yield refused
         pools = GaugeMetricFamily(
             "agentnest_pool_sandboxes", "Warm sandboxes by pool and state.", labels=["pool", "state"]
         )

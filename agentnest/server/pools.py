@@ -262,8 +262,12 @@ class WarmPool:
         admission: Admission,
         start: Callable[[PoolSpec, str, str], Awaitable[AsyncSandbox]],
         destroy: Callable[[AsyncSandbox], Awaitable[None]],
+        confirm: Callable[[Grant, Tenant], Awaitable[str | None]] | None = None,
     ) -> None:
-        """One step of the refill loop: replace stale warm sandboxes, start what is wanted."""
+        """One step of the refill loop: replace stale warm sandboxes, start what is wanted.
+
+        ``confirm`` is the shared admission of replicas (:mod:`agentnest.server.shared`):
+        a warm start it refuses is not made."""
         now = time.time()
         for warm in list(self.ready):
             if warm.sandbox.destroyed or warm.sandbox.deadline - now <= RECYCLE_AT * self.spec.lifetime:
@@ -284,7 +288,7 @@ class WarmPool:
                 return
             grant = ticket.future.result()
             self.starting += 1
-            task = asyncio.ensure_future(self._start_one(admission, start, grant))
+            task = asyncio.ensure_future(self._start_one(admission, start, grant, confirm))
             self.tasks.add(task)  # kept until done: the loop holds only weak references
             task.add_done_callback(self.tasks.discard)
 
@@ -293,7 +297,24 @@ class WarmPool:
         admission: Admission,
         start: Callable[[PoolSpec, str, str], Awaitable[AsyncSandbox]],
         grant: Grant,
+        confirm: Callable[[Grant, Tenant], Awaitable[str | None]] | None = None,
     ) -> None:
+        if confirm is not None:
+            try:
+                refused: str | None = await confirm(grant, self.tenant)
+            except AgentNestError as exc:
+                refused = str(exc)
+            except BaseException:
+                self.starting -= 1
+                admission.revoke(grant)
+                raise
+            if refused is not None:
+                # The other replicas hold the room: try again on a later step.
+                self.starting -= 1
+                admission.revoke(grant)
+                self.next_start = time.monotonic() + self.backoff
+                log.debug("pool %s: no warm start now: %s", self.spec.name, refused)
+                return
         try:
             sandbox = await start(self.spec, self.backend_name, self.image)
         except (AgentNestError, OSError) as exc:

@@ -315,17 +315,21 @@ class Recorder:
         )
 
     async def liveness(
-        self, stale_after: float, on_gone: Callable[[list[str]], Awaitable[None]] | None = None
+        self,
+        stale_after: float,
+        on_gone: Callable[[list[str]], Awaitable[None]] | None = None,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         """Until cancelled: a heartbeat every ``stale_after / 6`` seconds, and every
-        ``stale_after / 2`` end the sandboxes of servers silent for ``stale_after``, then
-        ``on_gone(owners)`` (their ``host:pid``) to remove what they left on the backends."""
+        ``stale_after / 2`` while ``leading()`` end the sandboxes of servers silent for
+        ``stale_after``, then ``on_gone(owners)`` (their ``host:pid``) to remove what they
+        left on the backends."""
         beat, sweep_every = stale_after / 6, stale_after / 2
         next_sweep = time.monotonic()
         while True:
             try:
                 await self.heartbeat()
-                if time.monotonic() >= next_sweep:
+                if leading() and time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + sweep_every
                     gone, closed = await anyio.to_thread.run_sync(self.database.sweep, stale_after)
                     if gone or closed:

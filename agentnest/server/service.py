@@ -48,7 +48,7 @@ from .channel_audit import Emit
 from .entries import Entry, Lease
 from .pools import POOL_TICK, PoolSpec, WarmPool
 from .refused import Refused
-from .service_db import DatabaseMixin
+from .service_db import DatabaseMixin, database_down
 from .settings import ServerSettings
 from .tenants import BANDS, POOL_PREFIX, Tenant
 from .tracing import Tracing
@@ -56,6 +56,7 @@ from .tracing import Tracing
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
     from .recorder import Recorder
+    from .shared import SharedAdmission
 
 log = logging.getLogger("agentnest.server")
 T = TypeVar("T")
@@ -162,6 +163,12 @@ class Service(DatabaseMixin):
 
             self.recorder = Recorder(Database(settings.database), retention=settings.retention)
             self.admission.on_decision.append(self.recorder.decision)
+        self.shared: SharedAdmission | None = None
+        if self.recorder is not None and self.recorder.database.dialect == "postgresql":
+            # Only PostgreSQL is shared by replicas (one server per SQLite file).
+            from .shared import SharedAdmission
+
+            self.shared = SharedAdmission(self.admission, self.recorder.database, self.recorder.server)
 
     async def capacity(self) -> Resources:
         """What all sandboxes may hold together: configured, else what the default backend reports.
@@ -291,6 +298,57 @@ class Service(DatabaseMixin):
         transfer: Grant | None,
     ) -> Grant:
         await self.capacity()
+        deadline = time.monotonic() + max_wait
+        wait = max_wait  # the client's own figure the first time (errors quote it)
+        while True:
+            grant = await self._queue(
+                tenant,
+                demand,
+                band=band,
+                max_wait=wait,
+                on_update=on_update,
+                client_gone=client_gone,
+                transfer=transfer,
+            )
+            shared = self.shared
+            if shared is None:
+                return grant
+            try:
+                reason = await shared.confirm(grant, tenant, transfer)
+            except AgentNestError as exc:
+                self.admission.revoke(grant, transfer)
+                raise database_down(exc) from None
+            except BaseException:
+                self.admission.revoke(grant, transfer)
+                raise
+            if reason is None:
+                return grant
+            # Another replica took the room first: queue again, knowing what the others hold now.
+            self.admission.revoke(grant, transfer)
+            with contextlib.suppress(AgentNestError):
+                await shared.refresh()
+            wait = max(0.0, deadline - time.monotonic())
+            if not wait:
+                raise AdmissionRefusedError(
+                    f"tenant {tenant.name!r}: other replicas of this server hold "
+                    + ("what the tenant may hold" if reason == "tenant_cap" else "the capacity")
+                    + "; retry later",
+                    reason,
+                    1,
+                )
+
+    async def _queue(
+        self,
+        tenant: Tenant,
+        demand: Resources,
+        *,
+        band: int | None,
+        max_wait: float,
+        on_update: Callable[[Position], Awaitable[None]] | None,
+        client_gone: Callable[[], Awaitable[object]] | None,
+        transfer: Grant | None,
+    ) -> Grant:
+        """This replica's queue (:class:`Admission`): the grant, or a refusal."""
         try:
             ticket = self.admission.submit(tenant, demand, band=band, max_wait=max_wait, transfer=transfer)
             if ticket.future.done():
@@ -655,7 +713,12 @@ class Service(DatabaseMixin):
         while not self.closed:
             for pool in self.pools.values():
                 try:
-                    await pool.refill(self.admission, self.start_warm, self.destroy_sandbox)
+                    await pool.refill(
+                        self.admission,
+                        self.start_warm,
+                        self.destroy_sandbox,
+                        self.shared.confirm if self.shared is not None else None,
+                    )
                 except Exception:  # one pool's failure must not stop the others' refills
                     log.exception("refilling pool %s", pool.spec.name)
             self.pool_wake.clear()

@@ -23,12 +23,20 @@ from ..runtime.owner import owner_alive
 from .entries import Entry
 from .refused import Refused
 from .settings import ServerSettings
+from .shared import lead
 from .tracing import Tracing
 
 if TYPE_CHECKING:
     from .recorder import Recorder
+    from .shared import SharedAdmission
 
 log = logging.getLogger("agentnest.server")
+
+
+def database_down(exc: AgentNestError) -> Refused:
+    """The refusal of a create while the database is down (503, retry in a few seconds)."""
+    detail = f"{exc}; creates resume when it answers"
+    return Refused(503, "database_unavailable", detail, {"Retry-After": "5"})
 
 
 class DatabaseMixin:
@@ -39,6 +47,10 @@ class DatabaseMixin:
     entries: dict[str, Entry]
     backends: dict[str, RuntimeBackend]
     tracing: Tracing
+    shared: SharedAdmission | None
+    """Admission shared with other replicas (PostgreSQL), else None."""
+    leader = False
+    """Whether this replica holds the leader's lease (PostgreSQL)."""
 
     def observers(self, tenant: str, token: str | None) -> tuple[Observer, ...]:
         """The event sinks of a new sandbox: the server's, and the database tagged with its owner.
@@ -87,9 +99,7 @@ class DatabaseMixin:
         try:
             await self.recorder.require()
         except AgentNestError as exc:
-            raise Refused(
-                503, "database_unavailable", f"{exc}; creates resume when it answers", {"Retry-After": "5"}
-            ) from None
+            raise database_down(exc) from None
 
     async def open_database(self) -> bool:
         """Migrate (or check) the database once; False if it is unreachable now (logged).
@@ -148,21 +158,41 @@ class DatabaseMixin:
             await anyio.sleep(5.0)
         async with anyio.create_task_group() as tg:
             tg.start_soon(recorder.run)
-            tg.start_soon(recorder.liveness, self.settings.server_timeout, self._reclaim)
+            tg.start_soon(recorder.liveness, self.settings.server_timeout, self._reclaim, self.is_leader)
+            if self.shared is not None:
+                tg.start_soon(self.shared.run)
+                tg.start_soon(
+                    lead, recorder.database, recorder.server, self.settings.leader_lease, self._lead_changed
+                )
             if recorder.retention is not None:
                 every = min(3600.0, recorder.retention / 4)
                 while True:
-                    try:
-                        pruned = await recorder.prune()
-                        if pruned:
-                            log.info("database: %d records past the retention deleted", pruned)
-                    except AgentNestError as exc:
-                        log.warning("database retention: %s", exc)
-                    await anyio.sleep(every)
+                    if self.is_leader():
+                        try:
+                            pruned = await recorder.prune()
+                            if pruned:
+                                log.info("database: %d records past the retention deleted", pruned)
+                        except AgentNestError as exc:
+                            log.warning("database retention: %s", exc)
+                    await anyio.sleep(every if self.is_leader() else self.settings.leader_lease)
+
+    def is_leader(self) -> bool:
+        """Whether this server runs the once-for-all duties: alone on SQLite, the lease's holder
+        on PostgreSQL."""
+        return self.shared is None or self.leader
+
+    def _lead_changed(self, leading: bool) -> None:
+        self.leader = leading
 
     async def _reclaim(self, owners: list[str]) -> None:
         """Remove from every backend what servers that stopped answering left running (the
         backend decides what it can reach: Docker, the sandboxes of gone processes on its host)."""
+        if self.shared is not None:
+            # Their holds were deleted with the sweep: the tenants' room is free here at once.
+            try:
+                await self.shared.refresh()
+            except AgentNestError as exc:
+                log.debug("shared admission: %s", exc)
         for name, backend in self.backends.items():
             try:
                 removed = await anyio.to_thread.run_sync(backend.reclaim, owners)

@@ -61,6 +61,8 @@ class ServerSettings:
         tracer_provider: where those spans go (``None``: the global provider).
         server_timeout: seconds after which a server sharing the database that stopped
             sending heartbeats counts as gone: its open sandbox rows are ended (``lost``).
+        leader_lease: seconds of the leader's lease among replicas on PostgreSQL
+            (:mod:`agentnest.server.shared`): a successor takes over within it.
     """
 
     tokens: TokenStore
@@ -87,6 +89,7 @@ class ServerSettings:
     tracing: bool = True
     tracer_provider: Any = None
     server_timeout: float = 60.0
+    leader_lease: float = 15.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, TokenStore):
@@ -118,7 +121,9 @@ class ServerSettings:
             raise ConfigurationError(
                 f"retention={self.retention!r} must be a positive number of seconds or None"
             )
-        for name in ("default_lifetime", "reap_interval", "aging", "session_grace", "server_timeout"):
+        seconds: tuple[str, ...] = ("default_lifetime", "reap_interval", "aging", "session_grace")
+        seconds += ("server_timeout", "leader_lease")
+        for name in seconds:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")

@@ -1,10 +1,12 @@
-"""Two manager processes sharing one PostgreSQL database on the real engine (runc), one killed with
-SIGKILL in the middle of a burst of creates: every request to it ends with an answer or a
-connection error (none hangs), the survivor ends the dead one's sandboxes in the shared history
-and removes its containers from the engine (none leaks), and keeps serving.
+"""Two manager processes sharing one PostgreSQL database on the real engine (runc).
 
-What this does not show: the two do not share one admission queue (each admits within its own
-capacity), and there is no leader; see docs/manager.md "Not yet".
+- One killed with SIGKILL in the middle of a burst of creates: every request to it ends with an
+  answer or a connection error (none hangs), the survivor ends the dead one's sandboxes in the
+  shared history and removes its containers from the engine (none leaks), and keeps serving.
+- One admission: a tenant capped at 3 sandboxes gets 3 across both replicas, never more, however
+  the burst is split; a request queued on one replica is admitted when the other releases; the
+  leader's lease passes to the survivor when the leader is killed, and it frees the dead one's
+  holds, so the tenant's quota is whole again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sqlalchemy as sa
 
 from agentnest.runtime.docker import labels
 from agentnest.server.auth import Ceiling, TokenStore
+from agentnest.server.tenants import Tenant
 from agentnest.testing.wait import wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
@@ -39,12 +42,12 @@ def _port() -> int:
 
 
 class Replica:
-    def __init__(self, database: str, tokens: Path, log: Path) -> None:
+    def __init__(self, database: str, tokens: Path, log: Path, *extra: str) -> None:
         self.port = _port()
         self.url = f"http://127.0.0.1:{self.port}"
         bindir = Path(sys.executable).parent
         argv = [str(bindir / "agentnest"), "serve", "--port", str(self.port), "--database", database]
-        argv += ["--server-timeout", str(TIMEOUT), "--no-audit-log", "--max-sandboxes", "16"]
+        argv += ["--server-timeout", str(TIMEOUT), "--no-audit-log", "--max-sandboxes", "16", *extra]
         self.log = log.open("w")
         env = {**os.environ, "AGENTNEST_TOKEN_FILE": str(tokens)}
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
@@ -157,3 +160,97 @@ def test_a_replica_killed_mid_burst_leaves_no_sandbox_and_no_open_history(
         )
     survivor.stop()
     assert not _containers(docker_client, survivor.owner)
+
+
+LEASE = 2.0  # --leader-lease of the shared-admission replicas
+
+
+@pytest.fixture
+def capped(tmp_path: Path, postgres_server: Any) -> Iterator[tuple[Replica, Replica, str, str]]:
+    """Two replicas, a tenant ``team`` capped at 3 sandboxes, its token's and an admin's secret."""
+    database = postgres_server.create_database(
+        f"capped_{os.getpid()}_{tmp_path.name[-12:]}".replace("-", "_")
+    )
+    store = TokenStore(tmp_path / "tokens.json")
+    store.create_tenant(Tenant("team", max_sandboxes=3, rate=100.0, burst=100))
+    _, secret = store.create("t", Ceiling(max_sandboxes=16, max_memory=64 << 20), tenant="team")
+    _, admin = store.create("admin", Ceiling(), admin=True)
+    first = Replica(database, tmp_path / "tokens.json", tmp_path / "a.log", "--leader-lease", str(LEASE))
+    second = Replica(database, tmp_path / "tokens.json", tmp_path / "b.log", "--leader-lease", str(LEASE))
+    try:
+        yield first, second, secret, admin
+    finally:
+        first.stop()
+        second.stop()
+
+
+def _leader(replica: Replica, admin: str) -> float:
+    text = httpx.get(f"{replica.url}/metrics", headers={"Authorization": f"Bearer {admin}"}, timeout=10).text
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith("agentnest_leader ")))
+
+
+def _queued(replica: Replica, admin: str) -> float:
+    text = httpx.get(f"{replica.url}/metrics", headers={"Authorization": f"Bearer {admin}"}, timeout=10).text
+    return sum(
+        float(line.split()[1]) for line in text.splitlines() if line.startswith("agentnest_queue_depth{")
+    )
+
+
+def test_two_replicas_share_one_admission_and_one_leader(
+    capped: tuple[Replica, Replica, str, str], docker_client: Any
+) -> None:
+    first, second, secret, admin = capped
+    headers = {"Authorization": f"Bearer {secret}"}
+    # The first replica started first: it holds the leader's lease, the second does not.
+    wait_until(lambda: _leader(first, admin) == 1.0, "the first replica leading", within=30)
+    assert _leader(second, admin) == 0.0
+
+    def create(replica: Replica, max_wait: float = 0.0) -> httpx.Response:
+        with httpx.Client(base_url=replica.url, headers=headers, timeout=90) as client:
+            return client.post("/v1/sandboxes", json={"memory": "64m", "max_wait": max_wait})
+
+    # A burst of 8 creates split over both replicas, none willing to wait: exactly the cap is granted.
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(create, [first, second] * 4))
+    granted = [a for a in answers if a.status_code == 201]
+    refused = [a for a in answers if a.status_code != 201]
+    assert len(granted) == 3, [(a.status_code, a.text) for a in answers]
+    for answer in refused:
+        assert answer.status_code == 429, answer.text
+        assert answer.json()["code"] == "tenant_cap", answer.text
+        assert int(answer.headers["Retry-After"]) >= 1
+    assert len(_containers(docker_client, first.owner)) + len(_containers(docker_client, second.owner)) == 3
+
+    # Whichever replica holds them, one more waits; a release on either admits it.
+    ids = [a.json()["id"] for a in granted]
+    on_first = [
+        sid for sid in ids if httpx.get(f"{first.url}/v1/sandboxes/{sid}", headers=headers).is_success
+    ]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(create, second, 60.0)
+        wait_until(lambda: _queued(second, admin) == 1, "the create queued on the second replica", within=30)
+        # Release on the other replica than the one the request waits on, when it has one.
+        victim, where = (on_first[0], first) if on_first else (ids[0], second)
+        gone = httpx.delete(f"{where.url}/v1/sandboxes/{victim}", headers=headers, timeout=60)
+        assert gone.status_code in (200, 204), gone.text
+        late = waiting.result(timeout=90)
+    assert late.status_code == 201, late.text
+
+    # Kill the leader: the second replica takes the lease over within its time, then (after
+    # --server-timeout) frees the dead one's holds, so the tenant may hold 3 again.
+    first_holds = len(_containers(docker_client, first.owner))
+    first.proc.send_signal(signal.SIGKILL)
+    assert first.proc.wait(10) == -signal.SIGKILL
+    wait_until(
+        lambda: _leader(second, admin) == 1.0, "the survivor taking the lease over", within=LEASE * 3 + 5
+    )
+    wait_until(
+        lambda: not _containers(docker_client, first.owner),
+        "the dead replica's containers being removed",
+        within=TIMEOUT * 6 + 30,
+    )
+    still = 3 - first_holds
+    made = [create(second) for _ in range(first_holds + 1)]
+    codes = [m.status_code for m in made]
+    assert codes == [201] * first_holds + [429], [(m.status_code, m.text) for m in made]
+    assert len(_containers(docker_client, second.owner)) == still + first_holds == 3
