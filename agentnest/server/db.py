@@ -486,6 +486,19 @@ class Database:
         # whatever carries that label now: never hand it to the backends for removal.
         return sorted({f"{row.host}:{row.pid}" for row in stale} - alive), closed
 
+    def forget_others(self, server: str) -> list[str]:
+        """Forget every server but ``server`` and free what they held; their owners (``host:pid``).
+
+        For a server alone on its database (SQLite) at start: the others are earlier runs.
+        """
+        with self._begin() as conn:
+            others = conn.execute(
+                sa.select(servers.c.host, servers.c.pid).where(servers.c.server != server)
+            ).all()
+            conn.execute(servers.delete().where(servers.c.server != server))
+            conn.execute(holds.delete().where(holds.c.server != server))
+        return sorted({f"{row.host}:{row.pid}" for row in others})
+
     def deregister(self, server: str) -> None:
         """Forget ``server`` (it stopped cleanly, its rows ended)."""
         with self._begin() as conn:

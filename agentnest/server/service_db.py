@@ -121,10 +121,15 @@ class DatabaseMixin:
                 await self._alone_on_sqlite()
             await recorder.heartbeat()
             if db.dialect == "sqlite":
-                # One server per SQLite file: rows another run left open ended with it.
+                # One server per SQLite file: rows another run left open ended with it, and
+                # what it left on the backends (killed, it could not remove them) goes now
+                # instead of at each sandbox's deadline.
                 closed = await anyio.to_thread.run_sync(db.close_open, None)
                 if closed:
                     log.info("database: %d sandboxes of an earlier run marked ended", closed)
+                earlier = await anyio.to_thread.run_sync(db.forget_others, recorder.server)
+                if earlier:
+                    await self._reclaim(earlier)
         except ConfigurationError:
             raise
         except AgentNestError as exc:

@@ -254,3 +254,39 @@ def test_two_replicas_share_one_admission_and_one_leader(
     codes = [m.status_code for m in made]
     assert codes == [201] * first_holds + [429], [(m.status_code, m.text) for m in made]
     assert len(_containers(docker_client, second.owner)) == still + first_holds == 3
+
+
+def test_a_server_restarted_on_its_sqlite_file_removes_what_its_killed_run_left(
+    tmp_path: Path, docker_client: Any
+) -> None:
+    """Alone on its database, a server knows every earlier server there is gone: at start it ends
+    their rows and removes their containers at once, not at each sandbox's deadline."""
+    database = f"sqlite:///{tmp_path / 'manager.db'}"
+    store = TokenStore(tmp_path / "tokens.json")
+    _, secret = store.create("t", Ceiling(max_sandboxes=4, max_memory=64 << 20))
+    headers = {"Authorization": f"Bearer {secret}"}
+    killed = Replica(database, tmp_path / "tokens.json", tmp_path / "a.log")
+    try:
+        made = httpx.post(f"{killed.url}/v1/sandboxes", json={"memory": "64m"}, headers=headers, timeout=60)
+        assert made.status_code == 201, made.text
+        assert len(_containers(docker_client, killed.owner)) == 1
+        killed.proc.send_signal(signal.SIGKILL)
+        assert killed.proc.wait(10) == -signal.SIGKILL
+        assert len(_containers(docker_client, killed.owner)) == 1  # nobody removed it
+    finally:
+        killed.stop()
+    restarted = Replica(database, tmp_path / "tokens.json", tmp_path / "b.log")
+    try:
+        # Ready means the database was opened: the earlier run's container is gone by then.
+        assert not _containers(docker_client, killed.owner)
+        engine = sa.create_engine(database)
+        try:
+            with engine.connect() as conn:
+                ended = conn.execute(sa.text("SELECT sandbox_id, end_reason FROM sandboxes")).all()
+                servers = [f"{h}:{p}" for h, p in conn.execute(sa.text("SELECT host, pid FROM servers"))]
+        finally:
+            engine.dispose()
+        assert [tuple(row) for row in ended] == [(made.json()["id"], "lost")]
+        assert servers == [restarted.owner]
+    finally:
+        restarted.stop()

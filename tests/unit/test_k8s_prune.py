@@ -137,6 +137,31 @@ def test_orphans_are_pods_whose_creating_process_on_this_host_exited(
     backend.close()
 
 
+def test_reclaim_deletes_the_pods_of_manager_servers_that_stopped_answering(
+    cluster: tuple[ClusterState, str],
+) -> None:
+    """The manager's leader hands the backend the owners (``host:pid``) of servers silent past
+    --server-timeout: their Pods go with their Secrets, even on another host; a live one's stay."""
+    state, kubeconfig = cluster
+    backend = KubernetesBackend(KubernetesSpec(namespace=NS, kubeconfig=kubeconfig), start_timeout=10)
+    config = SandboxConfig(image="agentnest/base:1", lifetime=3600, environment={"K": Secret("v")})
+    mine, silent, kept = (backend.create(config) for _ in range(3))
+    me = f"{socket.gethostname()}:{os.getpid()}"
+    for handle, owner in ((silent, "manager-0:7"), (kept, "manager-1:7")):
+        pod = state.get("pods", NS, handle.info["pod"])
+        assert pod is not None
+        pod["metadata"]["annotations"][manifests.OWNER_PROCESS] = owner
+        state.put("pods", pod)
+    secrets = len(names(state, "secrets"))
+    assert backend.reclaim([]) == 0
+    # This process is alive: named or not, its Pods stay.
+    assert backend.reclaim(["manager-0:7", me]) == 1
+    assert names(state, "pods") == {mine.info["pod"], kept.info["pod"]}
+    assert len(names(state, "secrets")) == secrets - 1  # its Secret went with it
+    assert backend.reclaim(["manager-0:7"]) == 0  # idempotent
+    backend.close()
+
+
 def test_prune_looks_in_every_namespace_setup_labelled(
     cluster: tuple[ClusterState, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

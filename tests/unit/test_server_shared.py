@@ -113,6 +113,17 @@ def test_the_sweep_frees_a_gone_server_s_holds_and_a_clean_stop_its_own(db: Data
     assert rows(db) == {}
 
 
+def test_a_server_alone_on_its_database_forgets_the_earlier_runs(db: Database) -> None:
+    now = time.time()
+    for server, pid in (("me", 1), ("earlier", 2), ("earliest", 3)):
+        db.heartbeat(server, host="h", pid=pid, started=now)
+        hold(db, server)
+    assert db.forget_others("me") == ["h:2", "h:3"]
+    assert [s["server"] for s in db.list_servers()] == ["me"]
+    assert set(rows(db).values()) == {"me"}
+    assert db.forget_others("me") == []
+
+
 def test_no_two_replicas_grant_the_last_slot(postgres_server: Any) -> None:
     """Many threads on two engines (two replicas) race for a tenant capped at 3: exactly 3 win.
     (PostgreSQL only: replicas share it; a SQLite file has one server.)"""

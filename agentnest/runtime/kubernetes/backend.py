@@ -29,6 +29,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 from ...channel.streams import ByteStream
@@ -136,6 +137,24 @@ class KubernetesBackend(RuntimeBackend):
         """The apiserver answers and this identity may read its namespace's quotas."""
         api, _ = self._cluster()
         api.find("ResourceQuota")
+
+    def reclaim(self, owners: Collection[str]) -> int:
+        """Delete the Pods (with their Secrets and NetworkPolicies) of ``owners``, the manager
+        servers that stopped answering, in this backend's namespace; the number of Pods.
+
+        Raises:
+            BackendError: nothing could be deleted (the first error says why).
+        """
+        from .prune import prune
+
+        if not owners:
+            return 0
+        api, _ = self._cluster()
+        result = prune([api], now=time.time(), owners=frozenset(owners))
+        pods = sum(1 for item in result.removed if item.kind == "Pod")
+        if result.errors and not result.removed:
+            raise BackendError(f"reclaiming the sandboxes of {sorted(owners)}: {result.errors[0]}")
+        return pods
 
     def capacity(self) -> tuple[int | None, float | None]:
         """What the namespace's ResourceQuotas leave: the tightest ``hard - used`` of memory and CPU

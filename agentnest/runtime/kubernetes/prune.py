@@ -13,6 +13,9 @@ with.  Here, in each namespace, only objects labelled
   ``host:pid``) ran on this host and has exited;
 * a Secret or NetworkPolicy whose sandbox has no Pod left (its owner Pod
   would have collected it);
+* with ``owners``: a Pod whose creating process is one of them and not known to
+  be alive here (the manager's servers that stopped answering: their sandboxes
+  are reclaimed by the leader, :meth:`KubernetesBackend.reclaim`);
 * with ``everything``: every one of them, running sandboxes included.
 
 :func:`managed_namespaces` finds the namespaces to look in: those
@@ -78,11 +81,24 @@ def managed_namespaces(api: KubeApi) -> list[str]:
     return sorted(n for n in names if n)
 
 
-def _owner_gone(pod: dict[str, object]) -> bool:
+def _owner_process(pod: dict[str, object]) -> str | None:
     meta = pod.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, dict) else None
     value = annotations.get(OWNER_PROCESS) if isinstance(annotations, dict) else None
-    return isinstance(value, str) and owner_alive(value) is False
+    return value if isinstance(value, str) else None
+
+
+def _owner_gone(pod: dict[str, object]) -> bool:
+    value = _owner_process(pod)
+    return value is not None and owner_alive(value) is False
+
+
+def _owner_silent(pod: dict[str, object], owners: frozenset[str]) -> bool:
+    # Another host's process cannot be checked from here (None): the database's verdict that
+    # its server stopped answering stands.  One alive on this host (a restart reusing the pid
+    # in the same container) keeps its Pods.
+    value = _owner_process(pod)
+    return value is not None and value in owners and owner_alive(value) is not True
 
 
 def prune(
@@ -92,6 +108,7 @@ def prune(
     dry_run: bool = False,
     everything: bool = False,
     orphans: bool = False,
+    owners: frozenset[str] = frozenset(),
 ) -> PruneResult:
     """Prune each namespace ``apis`` covers (one :class:`KubeApi` per namespace)."""
     result = PruneResult(dry_run=dry_run)
@@ -116,6 +133,8 @@ def prune(
                 reason = "expired"
             elif orphans and _owner_gone(pod):
                 reason = "owner gone"
+            elif owners and _owner_silent(pod, owners):
+                reason = "its server stopped answering"
             else:
                 if sandbox:
                     live_sandboxes.add(sandbox)
