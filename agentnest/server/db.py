@@ -54,7 +54,7 @@ from .admission import Resources
 try:
     import sqlalchemy as sa
     from sqlalchemy.engine import URL, Connection, Engine, make_url
-    from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
+    from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, SQLAlchemyError
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingDependencyError(
         "the manager's database needs SQLAlchemy and Alembic: pip install 'agentnest[server]'"
@@ -149,6 +149,43 @@ leases = sa.Table(
     sa.Column("name", sa.String(64), primary_key=True),
     sa.Column("holder", sa.String(64), nullable=False),
     sa.Column("expires", sa.Float, nullable=False),
+)
+
+
+_LOCK = sa.text("SELECT pg_advisory_xact_lock(:key)")
+# Database.hold on PostgreSQL in one statement (a grant costs three round trips: the lock, this,
+# the commit).  Every part of a statement sees the same snapshot, so the sums leave out the rows
+# it deletes (``skip``: the releases written here, the hold taken over) instead of seeing them
+# gone; the row taken over goes only if the new one is written.  Same rules as the portable path
+# below it, which the tests run on SQLite and PostgreSQL alike.
+_GRANT = sa.text(
+    """
+WITH gone AS (DELETE FROM holds WHERE hold = ANY(CAST(:released AS VARCHAR[]))),
+held AS (
+    SELECT
+        COALESCE(SUM(sandboxes) FILTER (WHERE tenant = :tenant), 0) AS tn,
+        COALESCE(SUM(memory) FILTER (WHERE tenant = :tenant), 0) AS tm,
+        COALESCE(SUM(cpus) FILTER (WHERE tenant = :tenant), 0) AS tc,
+        COALESCE(SUM(sandboxes), 0) AS n,
+        COALESCE(SUM(memory), 0) AS m,
+        COALESCE(SUM(cpus), 0) AS c
+    FROM holds WHERE NOT (hold = ANY(CAST(:skip AS VARCHAR[])))
+),
+verdict AS (
+    SELECT
+        (tn + :sandboxes <= :ln AND tm + :memory <= :lm AND tc + :cpus <= :lc + 1e-9) AS tenant_ok,
+        (n + :sandboxes <= :cn AND m + :memory <= :cm AND c + :cpus <= :cc + 1e-9) AS capacity_ok
+    FROM held
+),
+added AS (
+    INSERT INTO holds (hold, server, tenant, sandboxes, memory, cpus, since)
+    SELECT :hold, :server, :tenant, :sandboxes, :memory, :cpus, :since
+    FROM verdict WHERE tenant_ok AND capacity_ok
+    RETURNING hold
+),
+moved AS (DELETE FROM holds WHERE hold = :replaces AND EXISTS (SELECT 1 FROM added))
+SELECT tenant_ok, capacity_ok FROM verdict
+"""
 )
 
 
@@ -267,6 +304,12 @@ class Database:
                 ) from None
             args["connect_timeout"] = max(1, round(connect_timeout))
         self.engine: Engine = sa.create_engine(self.url, connect_args=args, pool_pre_ping=True)
+        # Grants across replicas are on every create's path: no ping before each (a round trip
+        # of three); a connection the server dropped fails its first try and the grant is
+        # retried once on a fresh one (SQLAlchemy's optimistic disconnect handling).
+        self._grants: Engine = (
+            sa.create_engine(self.url, connect_args=args) if self.dialect == "postgresql" else self.engine
+        )
         if self.dialect == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
 
@@ -292,6 +335,7 @@ class Database:
 
     def close(self) -> None:
         self.engine.dispose()
+        self._grants.dispose()
 
     # -- migrations ----------------------------------------------------------------
 
@@ -544,11 +588,30 @@ class Database:
         not have written yet.  Returns None when granted (the row is written),
         else why not: ``tenant_cap`` or ``capacity``.
         """
+        row = {
+            "hold": hold,
+            "server": server,
+            "tenant": tenant[:64],
+            "sandboxes": demand.sandboxes,
+            "memory": demand.memory,
+            "cpus": demand.cpus,
+            "since": time.time(),
+        }
+        if self.dialect == "postgresql":
+            params = {
+                **row,
+                "released": list(released),
+                "skip": [*released, *([replaces] if replaces else [])],
+                "replaces": replaces or "",
+                "ln": tenant_limit.sandboxes,
+                "lm": tenant_limit.memory,
+                "lc": tenant_limit.cpus,
+                "cn": capacity.sandboxes,
+                "cm": capacity.memory,
+                "cc": capacity.cpus,
+            }
+            return self._grant_on_postgresql(params)
         with self._begin() as conn:
-            if self.dialect == "postgresql":
-                # Serialises the admission transactions of all replicas (released at commit):
-                # without it two could each read the sums before the other's insert.
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _ADMISSION_LOCK})
             if released:
                 conn.execute(holds.delete().where(holds.c.hold.in_(list(released))))
             if not (self._held(conn, tenant, replaces) + demand).fits(tenant_limit):
@@ -557,21 +620,34 @@ class Database:
                 return "capacity"
             if replaces:
                 conn.execute(holds.delete().where(holds.c.hold == replaces))
-            conn.execute(
-                holds.insert(),
-                [
-                    {
-                        "hold": hold,
-                        "server": server,
-                        "tenant": tenant[:64],
-                        "sandboxes": demand.sandboxes,
-                        "memory": demand.memory,
-                        "cpus": demand.cpus,
-                        "since": time.time(),
-                    }
-                ],
-            )
+            conn.execute(holds.insert(), [row])
         return None
+
+    def _grant_on_postgresql(self, params: Mapping[str, Any]) -> str | None:
+        for attempt in (1, 2):
+            try:
+                with self._grants.begin() as conn:
+                    # Serialises the admission transactions of all replicas (released at commit):
+                    # without it two could each read the sums before the other's insert.  A
+                    # statement of its own: the next one's snapshot is taken after the lock.
+                    conn.execute(_LOCK, {"key": _ADMISSION_LOCK})
+                    tenant_ok, capacity_ok = conn.execute(_GRANT, params).one()
+            except IntegrityError:
+                if attempt == 2:
+                    return None  # the first try committed before its connection dropped: granted
+                raise
+            except DBAPIError as exc:
+                if attempt == 1 and exc.connection_invalidated:
+                    continue  # a connection the server had dropped (it restarted): once more, fresh
+                raise RuntimeNotAvailableError(
+                    f"the manager's database {self.display} failed: {_first_line(exc)}"
+                ) from exc
+            except SQLAlchemyError as exc:
+                raise RuntimeNotAvailableError(
+                    f"the manager's database {self.display} failed: {_first_line(exc)}"
+                ) from exc
+            return None if tenant_ok and capacity_ok else "tenant_cap" if not tenant_ok else "capacity"
+        raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
     def _held(conn: Connection, tenant: str | None, besides: str | None = None) -> Resources:
