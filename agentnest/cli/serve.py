@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -137,6 +138,14 @@ def register(commands: Commands) -> None:
         metavar="SECONDS",
         help="replicas sharing PostgreSQL elect a leader (it sweeps gone servers and applies the "
         "retention); a successor takes over within this time (default 15)",
+    )
+    parser.add_argument(
+        "--advertise-url",
+        default=os.environ.get("AGENTNEST_ADVERTISE_URL") or None,
+        metavar="URL",
+        help="where the other replicas sharing PostgreSQL reach this server (http://POD_IP:8700); "
+        "requests for its sandboxes that reach them are forwarded here (default: "
+        "$AGENTNEST_ADVERTISE_URL, else http://HOST:PORT when --host is a specific address)",
     )
     parser.add_argument(
         "--no-migrate",
@@ -558,7 +567,19 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         tracing=not args.no_tracing,
         server_timeout=args.server_timeout,
         leader_lease=args.leader_lease,
+        advertise_url=_advertise_url(args),
     )
+
+
+def _advertise_url(args: argparse.Namespace) -> str | None:
+    """``--advertise-url``, else this server's own address when it is one the others can use."""
+    if args.advertise_url:
+        return str(args.advertise_url)
+    if args.host in ("0.0.0.0", "::", ""):  # noqa: S104 - a comparison, nothing is bound here
+        return None  # every address: which one the others reach is unknown; say it with the flag
+    scheme = "https" if getattr(args, "tls_cert", None) else "http"
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    return f"{scheme}://{host}:{args.port}"
 
 
 def _database_url(args: argparse.Namespace) -> str | None:

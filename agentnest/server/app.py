@@ -65,6 +65,7 @@ from .audit_routes import add_audit_routes
 from .auth import AuthError, Token
 from .channel_audit import ChannelAudit
 from .entries import Entry, Lease
+from .forward import Forward, Relay
 from .refused import Refused, TooLarge
 from .service import MAX_CHANNELS, MAX_SESSIONS, Service, emitter_of, handle_of
 from .settings import DEFAULT_MAX_BODY, DEFAULT_MAX_UPLOAD, ServerSettings
@@ -219,6 +220,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
             finally:
                 tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
+                    await relay.close()
                     await service.close()
 
     app = FastAPI(
@@ -235,6 +237,10 @@ def create_app(settings: ServerSettings) -> FastAPI:
     )
     app.state.service = service
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, upload_limit=settings.max_upload_bytes)
+    # Before the body limit and the routes: a request for a sandbox another replica runs goes
+    # there whole (that replica applies its own limits and checks the token).
+    relay = Relay(service)
+    app.add_middleware(Forward, relay=relay)
     if service.tracing.enabled:
         # Outermost: a request refused by the body limit is traced too.
         app.add_middleware(TracingMiddleware, tracing=service.tracing)

@@ -125,6 +125,7 @@ servers = sa.Table(
     sa.Column("version", sa.String(32), nullable=False),
     sa.Column("started", sa.Float, nullable=False),
     sa.Column("seen", sa.Float, nullable=False),
+    sa.Column("url", sa.String(255), nullable=True),
     sa.Index("ix_servers_seen", "seen"),
 )
 
@@ -481,11 +482,13 @@ class Database:
 
     # -- servers ---------------------------------------------------------------------
 
-    def heartbeat(self, server: str, *, host: str, pid: int, started: float) -> None:
-        """Say that ``server`` is alive now (registering it the first time)."""
+    def heartbeat(self, server: str, *, host: str, pid: int, started: float, url: str | None = None) -> None:
+        """Say that ``server`` is alive now (registering it the first time), reachable at ``url``."""
         now = time.time()
         with self._begin() as conn:
-            updated = conn.execute(servers.update().where(servers.c.server == server).values(seen=now))
+            updated = conn.execute(
+                servers.update().where(servers.c.server == server).values(seen=now, url=url)
+            )
             if not updated.rowcount:
                 conn.execute(
                     servers.insert(),
@@ -497,6 +500,7 @@ class Database:
                             "version": __version__[:32],
                             "started": started,
                             "seen": now,
+                            "url": url,
                         }
                     ],
                 )
@@ -529,6 +533,21 @@ class Database:
         # A live server with the same host and pid (a restart in the same container) owns
         # whatever carries that label now: never hand it to the backends for removal.
         return sorted({f"{row.host}:{row.pid}" for row in stale} - alive), closed
+
+    def owner_url(self, sandbox_id: str, server: str) -> str | None:
+        """The URL of the live server other than ``server`` that runs ``sandbox_id``, if any."""
+        with self._begin() as conn:
+            row = conn.execute(
+                sa.select(servers.c.url)
+                .join(sandboxes, sandboxes.c.server == servers.c.server)
+                .where(
+                    sandboxes.c.sandbox_id == sandbox_id,
+                    sandboxes.c.ended.is_(None),
+                    servers.c.server != server,
+                    servers.c.url.is_not(None),
+                )
+            ).first()
+        return None if row is None else str(row.url)
 
     def forget_others(self, server: str) -> list[str]:
         """Forget every server but ``server`` and free what they held; their owners (``host:pid``).

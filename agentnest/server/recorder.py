@@ -61,10 +61,17 @@ class Recorder:
     """
 
     def __init__(
-        self, database: Database, *, server: str | None = None, retention: float | None = None
+        self,
+        database: Database,
+        *,
+        server: str | None = None,
+        retention: float | None = None,
+        url: str | None = None,
     ) -> None:
         self.database = database
         self.server = server or uuid.uuid4().hex[:16]
+        self.url = url
+        """Where the other servers reach this one (written with each heartbeat)."""
         self.started_at = time.time()
         self.retention = retention
         self._ops: collections.deque[Op] = collections.deque()
@@ -311,6 +318,7 @@ class Recorder:
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 started=self.started_at,
+                url=self.url,
             )
         )
 

@@ -66,6 +66,8 @@ ERROR_CODES: dict[str, tuple[int, type[AgentNestError]]] = {
     "runtime_unavailable": (503, RuntimeNotAvailableError),
     # The manager's database is down: nothing is admitted that cannot be recorded.
     "database_unavailable": (503, RuntimeNotAvailableError),
+    # The replica that runs the sandbox did not answer this one (agentnest.server.forward).
+    "replica_unavailable": (503, RuntimeNotAvailableError),
     "backend": (502, BackendError),
     "channel": (502, ChannelError),
     "missing_dependency": (501, MissingDependencyError),

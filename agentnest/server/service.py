@@ -161,7 +161,9 @@ class Service(DatabaseMixin):
             from .db import Database
             from .recorder import Recorder
 
-            self.recorder = Recorder(Database(settings.database), retention=settings.retention)
+            self.recorder = Recorder(
+                Database(settings.database), retention=settings.retention, url=settings.advertise_url
+            )
             self.admission.on_decision.append(self.recorder.decision)
         self.shared: SharedAdmission | None = None
         if self.recorder is not None and self.recorder.database.dialect == "postgresql":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,9 @@ class ServerSettings:
             sending heartbeats counts as gone: its open sandbox rows are ended (``lost``).
         leader_lease: seconds of the leader's lease among replicas on PostgreSQL
             (:mod:`agentnest.server.shared`): a successor takes over within it.
+        advertise_url: where the other replicas reach this server (``http://10.0.0.7:8700``):
+            requests for its sandboxes that reach them are forwarded here
+            (:mod:`agentnest.server.forward`).  ``None``: not reachable; they answer 404.
     """
 
     tokens: TokenStore
@@ -90,6 +94,7 @@ class ServerSettings:
     tracer_provider: Any = None
     server_timeout: float = 60.0
     leader_lease: float = 15.0
+    advertise_url: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, TokenStore):
@@ -110,6 +115,11 @@ class ServerSettings:
             isinstance(self.capacity_cpus, (int, float)) and 0 < self.capacity_cpus < math.inf
         ):
             raise ConfigurationError(f"capacity_cpus={self.capacity_cpus!r} must be a positive number")
+        if self.advertise_url is not None and not re.fullmatch(r"https?://[^/?#\s]+/?", self.advertise_url):
+            raise ConfigurationError(
+                f"advertise_url={self.advertise_url!r} must be http://HOST:PORT or https://HOST:PORT "
+                "(where the other replicas reach this server), with no path"
+            )
         pool_specs(self.pools)  # unique names
         if not all(isinstance(p, PoolSpec) for p in self.pools):
             raise ConfigurationError("pools must be PoolSpec objects (see agentnest.server.pools.load_pools)")

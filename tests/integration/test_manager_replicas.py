@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -290,3 +291,60 @@ def test_a_server_restarted_on_its_sqlite_file_removes_what_its_killed_run_left(
         assert servers == [restarted.owner]
     finally:
         restarted.stop()
+
+
+def test_every_replica_serves_every_sandbox(replicas: tuple[Replica, Replica, str, str]) -> None:
+    """A sandbox started by one replica is used through the other: its requests are forwarded
+    (HTTP bodies both ways, an event stream, the agent channel's websocket); a request for a
+    sandbox nobody runs is still 404, and another token's sandbox stays refused."""
+    from agentnest.channel.client import Channel
+    from agentnest.runtime import bootstrap
+    from agentnest.runtime.base import SandboxHandle
+    from agentnest.runtime.remote import RemoteBackend
+
+    first, second, secret, _ = replicas
+    headers = {"Authorization": f"Bearer {secret}"}
+    with (
+        httpx.Client(base_url=first.url, headers=headers, timeout=60) as a,
+        httpx.Client(base_url=second.url, headers=headers, timeout=60) as b,
+    ):
+        made = a.post("/v1/sandboxes", json={"memory": "64m"})
+        assert made.status_code == 201, made.text
+        sid = made.json()["id"]
+        assert b.get(f"/v1/sandboxes/{sid}").json()["id"] == sid
+        ran = b.post(f"/v1/sandboxes/{sid}/exec", json={"shell": "echo via-second; hostname"})
+        assert ran.status_code == 200 and ran.json()["stdout"].startswith("via-second\n"), ran.text
+        # A body in (an upload) and out (a download), byte for byte.
+        blob = os.urandom(300_000)
+        put = b.put(f"/v1/sandboxes/{sid}/files/blob.bin", content=blob)
+        assert put.status_code == 204, put.text
+        assert a.get(f"/v1/sandboxes/{sid}/files/blob.bin").content == blob
+        assert b.get(f"/v1/sandboxes/{sid}/files/blob.bin").content == blob
+        # An event stream, relayed as it comes.
+        with b.stream(
+            "POST", f"/v1/sandboxes/{sid}/exec/stream", json={"shell": "echo one; echo two"}
+        ) as sse:
+            assert sse.status_code == 200 and sse.headers["content-type"].startswith("text/event-stream")
+            text = "".join(sse.iter_text())
+        assert "one" in text and "two" in text and "event: exit" in text, text
+        # Unknown everywhere: 404 from the replica asked, not a forwarding error.
+        missing = b.get("/v1/sandboxes/0123456789ab")
+        assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+        # The replica that runs it still checks the token: no token, no sandbox.
+        assert httpx.get(f"{second.url}/v1/sandboxes/{sid}", timeout=30).status_code == 401
+
+        # The agent channel through the second replica: the bundle goes up, the agent's hello
+        # comes back, a command runs.
+        remote = RemoteBackend(second.url, secret)
+        try:
+            stream = remote.open_channel(SandboxHandle(sid, "docker", time.time() + 60))
+            channel = Channel.connect(stream, bootstrap.bundle(), timeout=60)
+            try:
+                assert channel.hello is not None
+                assert channel.list_sessions(time.monotonic() + 30) == ()
+            finally:
+                channel.close()
+        finally:
+            remote.close()
+        assert b.delete(f"/v1/sandboxes/{sid}").status_code == 200
+        assert a.get(f"/v1/sandboxes/{sid}").status_code == 404

@@ -339,6 +339,20 @@ def test_postgres_database_url_from_a_secret(rendered: dict[str, list[Obj]]) -> 
     assert "emptyDir" in _volumes(objects)["state"]
 
 
+def test_postgres_replicas_advertise_their_pod_ip_on_the_served_port(rendered: dict[str, list[Obj]]) -> None:
+    container = _container(rendered["postgres"])
+    env = _env(container)
+    names = [item["name"] for item in container["env"]]
+    # $(POD_IP) expands only if POD_IP is defined before it.
+    assert names.index("POD_IP") < names.index("AGENTNEST_ADVERTISE_URL")
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == "http")
+    assert env["AGENTNEST_ADVERTISE_URL"]["value"] == f"http://$(POD_IP):{port}"
+    args = container["args"]
+    assert args[args.index("--port") + 1] == str(port)
+    assert "AGENTNEST_ADVERTISE_URL" not in _env(_container(rendered["sqlite"]))
+
+
 def test_postgres_disruption_budget_and_spread(rendered: dict[str, list[Obj]]) -> None:
     objects = rendered["postgres"]
     pdb = _one(objects, "PodDisruptionBudget", "agentnest-manager", MANAGER_NS)
