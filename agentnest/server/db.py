@@ -555,12 +555,25 @@ class Database:
         For a server alone on its database (SQLite) at start: the others are earlier runs.
         """
         with self._begin() as conn:
-            others = conn.execute(
-                sa.select(servers.c.host, servers.c.pid).where(servers.c.server != server)
+            others = [
+                row.server
+                for row in conn.execute(sa.select(servers.c.server).where(servers.c.server != server))
+            ]
+        return self.forget(others)
+
+    def forget(self, gone: Sequence[str]) -> list[str]:
+        """Servers known to be gone (their process exited): end their open sandbox rows at
+        their last event (``lost``), free what they held, forget them; their owners (``host:pid``)."""
+        if not gone:
+            return []
+        with self._begin() as conn:
+            rows = conn.execute(
+                sa.select(servers.c.host, servers.c.pid).where(servers.c.server.in_(list(gone)))
             ).all()
-            conn.execute(servers.delete().where(servers.c.server != server))
-            conn.execute(holds.delete().where(holds.c.server != server))
-        return sorted({f"{row.host}:{row.pid}" for row in others})
+            self._close(conn, [sandboxes.c.server.in_(list(gone))], "lost")
+            conn.execute(holds.delete().where(holds.c.server.in_(list(gone))))
+            conn.execute(servers.delete().where(servers.c.server.in_(list(gone))))
+        return sorted({f"{row.host}:{row.pid}" for row in rows})
 
     def deregister(self, server: str) -> None:
         """Forget ``server`` (it stopped cleanly, its rows ended)."""

@@ -130,12 +130,34 @@ class DatabaseMixin:
                 earlier = await anyio.to_thread.run_sync(db.forget_others, recorder.server)
                 if earlier:
                     await self._reclaim(earlier)
+            else:
+                await self._reconcile()
         except ConfigurationError:
             raise
         except AgentNestError as exc:
             log.error("%s", exc)
             return False
         return True
+
+    async def _reconcile(self) -> None:
+        """At start on a shared database: the servers registered from this host whose process
+        has exited (this replica's earlier run, restarted with a new pid) are gone now, not
+        after ``--server-timeout``: their rows end, their holds go, their sandboxes are
+        removed.  Servers on other hosts are left to the leader's sweep."""
+        assert self.recorder is not None
+        db = self.recorder.database
+        gone = [
+            other["server"]
+            for other in await anyio.to_thread.run_sync(db.list_servers)
+            if other["server"] != self.recorder.server
+            and owner_alive(f"{other['host']}:{other['pid']}") is False
+        ]
+        owners = await anyio.to_thread.run_sync(db.forget, gone)
+        if owners:
+            log.warning(
+                "database: servers %s of this host have exited; their sandboxes ended and removed", owners
+            )
+            await self._reclaim(owners)
 
     async def _alone_on_sqlite(self) -> None:
         """Refuse to share a SQLite file with a live server: each would end the other's

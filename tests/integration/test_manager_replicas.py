@@ -348,3 +348,47 @@ def test_every_replica_serves_every_sandbox(replicas: tuple[Replica, Replica, st
             remote.close()
         assert b.delete(f"/v1/sandboxes/{sid}").status_code == 200
         assert a.get(f"/v1/sandboxes/{sid}").status_code == 404
+
+
+def test_a_replica_restarted_on_its_host_reconciles_at_once(
+    tmp_path: Path, postgres_server: Any, docker_client: Any
+) -> None:
+    """A replica killed and started again on the same host (a new pid) ends what its earlier run
+    left at start: rows, holds and containers, long before --server-timeout (600 s here)."""
+    database = postgres_server.create_database(
+        f"restart_{os.getpid()}_{tmp_path.name[-12:]}".replace("-", "_")
+    )
+    store = TokenStore(tmp_path / "tokens.json")
+    _, secret = store.create("t", Ceiling(max_sandboxes=4, max_memory=64 << 20))
+    headers = {"Authorization": f"Bearer {secret}"}
+    patient = ("--server-timeout", "600")
+    killed = Replica(database, tmp_path / "tokens.json", tmp_path / "a.log", *patient)
+    other = Replica(database, tmp_path / "tokens.json", tmp_path / "b.log", *patient)
+    restarted: Replica | None = None
+    try:
+        made = httpx.post(f"{killed.url}/v1/sandboxes", json={"memory": "64m"}, headers=headers, timeout=60)
+        assert made.status_code == 201, made.text
+        killed.proc.send_signal(signal.SIGKILL)
+        assert killed.proc.wait(10) == -signal.SIGKILL
+        assert len(_containers(docker_client, killed.owner)) == 1
+        restarted = Replica(database, tmp_path / "tokens.json", tmp_path / "c.log", *patient)
+        # Ready means the database was opened, and with it the reconciliation done.
+        assert not _containers(docker_client, killed.owner)
+        engine = sa.create_engine(database.replace("postgresql://", "postgresql+psycopg://"))
+        try:
+            with engine.connect() as conn:
+                row = conn.execute(
+                    sa.text("SELECT end_reason FROM sandboxes WHERE sandbox_id = :s"),
+                    {"s": made.json()["id"]},
+                ).one()
+                holds = conn.execute(sa.text("SELECT count(*) FROM holds")).scalar()
+                servers = {f"{h}:{p}" for h, p in conn.execute(sa.text("SELECT host, pid FROM servers"))}
+        finally:
+            engine.dispose()
+        assert row.end_reason == "lost" and holds == 0
+        assert servers == {other.owner, restarted.owner}
+    finally:
+        killed.stop()
+        other.stop()
+        if restarted is not None:
+            restarted.stop()

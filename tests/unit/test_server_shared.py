@@ -124,6 +124,40 @@ def test_a_server_alone_on_its_database_forgets_the_earlier_runs(db: Database) -
     assert db.forget_others("me") == []
 
 
+def test_a_server_known_gone_is_forgotten_with_its_rows_and_holds(db: Database) -> None:
+    now = time.time()
+    db.heartbeat("live", host="h", pid=1, started=now)
+    db.heartbeat("exited", host="h", pid=2, started=now)
+    ops = []
+    for sandbox, server in (("sb-live", "live"), ("sb-exited", "exited")):
+        op = (
+            "start",
+            {
+                "sandbox_id": sandbox,
+                "tenant": "a",
+                "token": "tok",
+                "backend": "docker",
+                "image": "img",
+                "launch": "cold",
+                "memory": 1,
+                "cpus": 1.0,
+                "started": now - 10,
+                "server": server,
+            },
+        )
+        ops.append(op)
+    db.apply(ops)
+    mine, _ = hold(db, "live")
+    hold(db, "exited")
+    assert db.forget([]) == []
+    assert db.forget(["exited"]) == ["h:2"]
+    assert list(rows(db)) == [mine]
+    assert [s["server"] for s in db.list_servers()] == ["live"]
+    with db.engine.connect() as conn:
+        ended = dict(conn.execute(sa.text("SELECT sandbox_id, end_reason FROM sandboxes")).all())
+    assert ended == {"sb-live": None, "sb-exited": "lost"}
+
+
 def test_no_two_replicas_grant_the_last_slot(postgres_server: Any) -> None:
     """Many threads on two engines (two replicas) race for a tenant capped at 3: exactly 3 win.
     (PostgreSQL only: replicas share it; a SQLite file has one server.)"""
