@@ -154,7 +154,9 @@ def test_a_server_known_gone_is_forgotten_with_its_rows_and_holds(db: Database) 
     assert list(rows(db)) == [mine]
     assert [s["server"] for s in db.list_servers()] == ["live"]
     with db.engine.connect() as conn:
-        ended = dict(conn.execute(sa.text("SELECT sandbox_id, end_reason FROM sandboxes")).all())
+        ended: dict[str, str | None] = dict(
+            conn.execute(sa.text("SELECT sandbox_id, end_reason FROM sandboxes")).all()
+        )
     assert ended == {"sb-live": None, "sb-exited": "lost"}
 
 
