@@ -124,3 +124,16 @@ def database_url(request: pytest.FixtureRequest, tmp_path: object) -> str:
         return f"sqlite:///{Path(str(tmp_path)) / 'manager.db'}"
     server = request.getfixturevalue("postgres_server")
     return str(server.create_database(f"t{uuid.uuid4().hex[:12]}"))
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[object]:
+    """The manager's database (``agentnest.server.db.Database``) on ``database_url``, migrated."""
+    from agentnest.server.db import Database
+
+    database = Database(database_url)
+    database.upgrade()
+    try:
+        yield database
+    finally:
+        database.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,16 +17,6 @@ from agentnest.server.db import Database, EventQuery, default_database_url, pars
 pytestmark = pytest.mark.timeout(120)
 
 GIB = 1 << 30
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[Database]:
-    database = Database(database_url)
-    database.upgrade()
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def event(tenant: str = "a", sandbox: str = "sb-1", type: str = "exec", at: float | None = None) -> Any:

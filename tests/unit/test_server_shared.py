@@ -10,7 +10,6 @@ import concurrent.futures
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,16 +31,6 @@ ROOMY = Resources(100, 1 << 40, 1e6)
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[Database]:
-    database = Database(database_url)
-    database.upgrade()
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def hold(db: Database, server: str, tenant: str = "a", **kw: object) -> tuple[str, str | None]:
