@@ -252,7 +252,7 @@ def test_the_migrations_build_exactly_the_tables_the_code_uses(db: Database) -> 
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from agentnest.server.db import metadata
+    from agentnest.server.db_tables import metadata
 
     with db.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from agentnest.server.db import metadata
+from agentnest.server.db_tables import metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:
