@@ -196,10 +196,14 @@ def create_app(settings: ServerSettings) -> FastAPI:
         async with anyio.create_task_group() as tg:
 
             async def reaper() -> None:
+                next_verify = time.monotonic() + settings.verify_interval
                 while True:
                     await anyio.sleep(settings.reap_interval)
                     try:
                         await service.reap()
+                        if time.monotonic() >= next_verify:
+                            next_verify = time.monotonic() + settings.verify_interval
+                            await service.verify()
                     except Exception:  # a failed sweep must not end the sweeps
                         log.exception("reaping expired sandboxes")
 

@@ -62,6 +62,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("agentnest.server")
 T = TypeVar("T")
 
+#: Seconds a new sandbox is left alone by :meth:`Service.verify` (its container may still be starting).
+VERIFY_GRACE = 2.0
 #: Agent channels (websockets) open at once per sandbox: each is an agent process in it.
 MAX_CHANNELS = 4
 #: Python sessions per sandbox.
@@ -641,6 +643,41 @@ class Service(AdmitMixin, DatabaseMixin):
                 await self.destroy(entry, "lease_expired")
             elif entry.deadline <= now:
                 await self.destroy(entry, "deadline")
+
+    async def verify(self) -> int:
+        """End the sandboxes the backend no longer runs although the server never ended them
+        (removed or stopped behind its back: ``docker rm``, a lost node): their rows end as
+        ``gone`` and their share is free.  The backend is the truth of what exists.  The number ended."""
+        now = time.time()
+        entries = [
+            e
+            for e in self.entries.values()
+            if not e.sandbox.destroyed and e.deadline > now and now - e.created > VERIFY_GRACE
+        ]
+        if not entries:
+            return 0
+
+        def check() -> list[tuple[Entry, str | None]]:
+            gone: list[tuple[Entry, str | None]] = []
+            for entry in entries:
+                backend, handle = entry.sandbox.backend, handle_of(entry.sandbox)
+                try:
+                    if not backend.is_running(handle):
+                        gone.append((entry, backend.exit_reason(handle)))
+                except Exception as exc:  # the engine unreachable: unknown, never "gone"
+                    log.debug("checking sandbox %s: %s", entry.sandbox.id, exc)
+                    continue
+            return gone
+
+        ended = 0
+        for entry, why in await anyio.to_thread.run_sync(check):
+            if self.entries.get(entry.sandbox.id) is entry and not entry.sandbox.destroyed:
+                log.warning(
+                    "sandbox %s: the backend no longer runs it (%s); ending it", entry.sandbox.id, why
+                )
+                await self.destroy(entry, "gone")
+                ended += 1
+        return ended
 
     async def close(self) -> None:
         self.closed = True

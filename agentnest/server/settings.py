@@ -64,6 +64,9 @@ class ServerSettings:
             sending heartbeats counts as gone: its open sandbox rows are ended (``lost``).
         leader_lease: seconds of the leader's lease among replicas on PostgreSQL
             (:mod:`agentnest.server.shared`): a successor takes over within it.
+        verify_interval: seconds between checks that the backend still runs each sandbox (it
+            is the truth of what exists): one removed or stopped behind the server's back
+            (``docker rm``, a lost node) is ended and its share freed.
         advertise_url: where the other replicas reach this server (``http://10.0.0.7:8700``):
             requests for its sandboxes that reach them are forwarded here
             (:mod:`agentnest.server.forward`).  ``None``: not reachable; they answer 404.
@@ -95,6 +98,7 @@ class ServerSettings:
     server_timeout: float = 60.0
     leader_lease: float = 15.0
     advertise_url: str | None = None
+    verify_interval: float = 10.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, TokenStore):
@@ -132,7 +136,7 @@ class ServerSettings:
                 f"retention={self.retention!r} must be a positive number of seconds or None"
             )
         seconds: tuple[str, ...] = ("default_lifetime", "reap_interval", "aging", "session_grace")
-        seconds += ("server_timeout", "leader_lease")
+        seconds += ("server_timeout", "leader_lease", "verify_interval")
         for name in seconds:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:

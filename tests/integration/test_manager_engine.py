@@ -308,3 +308,46 @@ def test_a_real_sandbox_s_history_and_usage_land_in_the_postgresql_database(
             # Held memory is what the sandbox was given: 64 MiB for as long as it lived.
             assert usage["memory_gib_seconds"] == pytest.approx(usage["sandbox_seconds"] / 16, rel=1e-6)
             assert usage["cpu_seconds"] == pytest.approx(usage["sandbox_seconds"] * 0.5, rel=1e-6)
+
+
+def test_a_sandbox_removed_behind_the_manager_s_back_is_ended_and_its_share_freed(
+    tmp_path: Path, engine_backends: dict[str, str], database_url: str, docker_client: Any
+) -> None:
+    """The backend is the truth of what exists: a container removed with ``docker rm -f`` while
+    the manager runs it is noticed, its row ends as ``gone`` and its tenant's share is free."""
+    import sqlalchemy as sa
+
+    from agentnest.runtime.docker import labels
+
+    settings, secrets = _server(tmp_path, engine_backends, database=database_url, verify_interval=0.5)
+    app = create_app(settings)
+    service: Service = app.state.service
+    with (
+        serve_in_thread(app) as url,
+        httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {secrets['double']}"}, timeout=120
+        ) as http,
+    ):
+        made = http.post("/v1/sandboxes", json={"memory": "64m"})
+        assert made.status_code == 201, made.text
+        sandbox = made.json()["id"]
+        kept = http.post("/v1/sandboxes", json={"memory": "64m"}).json()["id"]
+        (container,) = docker_client.containers.list(filters={"label": f"{labels.SANDBOX}={sandbox}"})
+        container.remove(force=True)
+        wait_until(lambda: sandbox not in service.entries, "the removed sandbox being ended", within=30)
+        assert service.admission.holdings("double").sandboxes == 1  # the other one's
+        assert http.get(f"/v1/sandboxes/{sandbox}").status_code == 404
+        assert http.post(f"/v1/sandboxes/{kept}/exec", json={"argv": ["true"]}).json()["exit_code"] == 0
+        assert kept in service.entries  # a running sandbox is left alone
+        recorder = service.recorder
+        assert recorder is not None
+        wait_until(lambda: recorder.queued == 0, "the end being written", within=30)
+        engine = sa.create_engine(recorder.database.url)
+        try:
+            with engine.connect() as conn:
+                reason = conn.execute(
+                    sa.text("SELECT end_reason FROM sandboxes WHERE sandbox_id = :s"), {"s": sandbox}
+                ).scalar()
+        finally:
+            engine.dispose()
+        assert reason == "gone"
