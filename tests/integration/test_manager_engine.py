@@ -24,7 +24,8 @@ import pytest
 from agentnest.runtime.docker import base_image
 from agentnest.server.app import ServerSettings, create_app
 from agentnest.server.auth import Ceiling, TokenStore
-from agentnest.server.service import UNBOUNDED_CPUS, Service
+from agentnest.server.service import Service
+from agentnest.server.service_admit import UNBOUNDED_CPUS
 from agentnest.server.tenants import Tenant
 from agentnest.server.thread import serve_in_thread
 from agentnest.testing.wait import wait_until
