@@ -21,6 +21,7 @@ from agentnest.server.app import create_app
 from agentnest.server.auth import Ceiling
 from agentnest.server.tenants import Tenant
 from agentnest.server.thread import serve_in_thread
+from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,6 +62,15 @@ def test_requests_admissions_and_commands_are_spans_of_the_client_s_trace(
         refused = http.post("/v1/sandboxes", json={"max_wait": 0})
         assert refused.status_code == 429
 
+    # A request's span ends after its answer has gone out: wait for the last ones to end.
+    wait_until(
+        lambda: (
+            len(_named(exporter, "POST /v1/sandboxes")) == 2
+            and len(_named(exporter, "POST /v1/sandboxes/{sandbox_id}/exec")) == 1
+        ),
+        "the requests' spans ending",
+        within=10,
+    )
     creates = _named(exporter, "POST /v1/sandboxes")
     assert len(creates) == 2
     create = next(s for s in creates if s.attributes["http.response.status_code"] == 201)
