@@ -91,7 +91,12 @@ def replicas(tmp_path: Path, postgres_server: Any) -> Iterator[tuple[Replica, Re
 
 
 def _containers(docker_client: Any, owner: str) -> list[Any]:
-    return list(docker_client.containers.list(all=True, filters={"label": [f"{labels.OWNER}={owner}"]}))
+    # ignore_removed: docker-py inspects each container it listed, and one the manager removes in
+    # between (exactly what these tests wait for) would otherwise raise NotFound.
+    found = docker_client.containers.list(
+        all=True, filters={"label": [f"{labels.OWNER}={owner}"]}, ignore_removed=True
+    )
+    return list(found)
 
 
 def test_a_replica_killed_mid_burst_leaves_no_sandbox_and_no_open_history(
