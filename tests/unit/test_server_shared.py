@@ -214,7 +214,6 @@ async def test_a_replica_s_queue_counts_what_the_others_hold(db: Database) -> No
     hold(db, "there")
     hold(db, "there")
     await shared.refresh()
-    assert admission.set_others is not None
     first = await admission.acquire(tenant, ONE, max_wait=0)
     assert await shared.confirm(first, tenant) is None
     # Two elsewhere and one here: the next one waits, blocked by the tenant's cap.
