@@ -7,6 +7,7 @@ Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
      │    └── ProfileError           a profile file is invalid (``file:line:`` first)
      ├── PolicyDeniedError           the security policy or an approval said no
      ├── UnsupportedCapabilityError  the backend cannot do (or enforce) this
+     │    └── GPUUnavailableError    no GPUs here, or fewer than asked (``.requested``, ``.available``)
      ├── MissingDependencyError      (also ImportError) an optional extra is not installed
      ├── SandboxDestroyedError       the sandbox is gone
      ├── SandboxPausedError          the sandbox is paused: ``resume()`` it first
@@ -84,6 +85,23 @@ class AdmissionRefusedError(PolicyDeniedError):
 
 class UnsupportedCapabilityError(AgentNestError):
     """The backend cannot perform, or cannot enforce, what was asked."""
+
+
+class GPUUnavailableError(UnsupportedCapabilityError):
+    """GPUs were asked for and this engine cannot give them, or not that many.
+
+    Raised before anything is created: the message says what is missing (no
+    GPU visible, no NVIDIA Container Toolkit, gVisor without nvproxy) and how
+    to fix it.  ``requested`` is the count asked for, ``available`` how many
+    the host shows (0 when none, or when that cannot be seen).
+
+    .. versionadded:: 0.4.0
+    """
+
+    def __init__(self, message: str, requested: int = 0, available: int = 0) -> None:
+        super().__init__(message)
+        self.requested = requested
+        self.available = available
 
 
 class MissingDependencyError(AgentNestError, ImportError):
@@ -271,6 +289,7 @@ __all__ = [
     "ExecutionTimeoutError",
     "FileAccessError",
     "FileTooLargeError",
+    "GPUUnavailableError",
     "ImageNotFoundError",
     "MissingDependencyError",
     "PolicyDeniedError",

@@ -25,7 +25,9 @@ _EPILOG = """\
 Checks, one line each (OK, FAIL with a fix, or SKIP when a fact cannot be
 seen from here): the engine answers; the runc and runsc (gVisor) OCI
 runtimes are registered; the storage pool for disk workspaces is mounted
-(optional); the default image is present; then, inside a real
+(optional); whether the engine can give GPUs, on runc and under gVisor's
+opt-in nvproxy (optional: never a failure); the default image is present;
+then, inside a real
 sandbox per backend, that the limits hold: uid 65532, no capabilities,
 no-new-privileges, seccomp, read-only root, loopback only, memory, process
 and workspace limits.  By default the sandbox checks run on docker, and on
@@ -175,6 +177,7 @@ def _engine_checks(report: _Report, docker: DockerBackend, image: str, *, gvisor
         report.add(scope, "default image", FAIL, str(exc))
         return True
     _storage_check(report, scope, docker)
+    _gpu_checks(report, scope, docker)
     if present:
         report.add(scope, "default image", OK, f"{image} present")
     else:
@@ -213,6 +216,32 @@ def _storage_check(report: _Report, scope: str, docker: DockerBackend) -> None:
             f"{status.detail}: workspaces live in memory (at most the memory limit)",
             "make it as root: `agentnest setup` (or `make engine`)",
         )
+
+
+def _gpu_checks(report: _Report, scope: str, docker: DockerBackend) -> None:
+    """GPUs: optional, so OK or SKIP with the fix, never FAIL (see runtime/docker/gpus.py)."""
+    try:
+        runc = docker.gpu_support("runc")
+    except AgentNestError as exc:  # informational: an engine hiccup only hides the answer
+        report.add(scope, "gpu", SKIP, f"could not tell: {exc}")
+        return
+    if runc.available:
+        detail = runc.describe() + ("" if runc.verified else "; the engine accepts or refuses at create")
+        report.add(scope, "gpu", OK, detail)
+    else:
+        report.add(scope, "gpu", SKIP, f"no GPU for sandboxes (optional): {runc.reason}", runc.fix)
+    runtimes = docker.engine_info().get("Runtimes") or {}
+    name = "gpu (gVisor nvproxy)"
+    if "runsc" not in runtimes:
+        report.add(scope, name, SKIP, "runsc is not registered (optional)")
+        return
+    gvisor = docker.gpu_support("runsc")
+    if gvisor.available:
+        report.add(scope, name, OK, gvisor.describe())
+    elif not gvisor.nvproxy:
+        report.add(scope, name, SKIP, "nvproxy is opt-in and off for runsc (optional)", gvisor.fix)
+    else:
+        report.add(scope, name, SKIP, f"nvproxy is on, but {gvisor.reason}", gvisor.fix)
 
 
 def _sandbox_checks(report: _Report, name: str, backend: RuntimeBackend) -> None:

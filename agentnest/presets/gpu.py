@@ -26,12 +26,25 @@ def gpu_sandbox(image: str | None, *, gpus: int = 1, timeout: float = 300, **kwa
     Returns:
         The running :class:`~agentnest.Sandbox`.
 
+    On Docker the engine's host is looked at first (GPU device nodes, the
+    NVIDIA Container Toolkit, gVisor's opt-in nvproxy), and a sandbox that
+    cannot get its GPUs is refused before anything is created; ``agentnest
+    doctor`` shows the same facts.  On Kubernetes the pod asks for
+    ``nvidia.com/gpu`` (and runs in ``KubernetesSpec.gpu_runtime_class_name``
+    when set).  See docs/presets.md.
+
     Raises:
         ConfigurationError: ``gpus`` is not a positive int (a ``ValueError``,
             as in 0.3.0).
-        UnsupportedCapabilityError: the backend cannot pass GPUs through.
-        BackendError: the engine has no GPU support (no NVIDIA container
-            toolkit) or no free GPU.
+        GPUUnavailableError: the engine cannot give GPUs here (no GPU visible,
+            no NVIDIA Container Toolkit, gVisor without nvproxy), or fewer than
+            ``gpus``; the message says which and how to fix it.  An
+            :class:`~agentnest.UnsupportedCapabilityError`, as is the refusal of a
+            backend that cannot pass GPUs through at all.
+        BackendError: the engine refused the request itself (a remote engine,
+            whose host cannot be looked at from here), or no GPU was free.
+
+    .. versionchanged:: 0.4.0 GPUUnavailableError before anything is created.
     """
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus <= 0:
         raise ConfigurationError(f"gpus={gpus!r} must be a positive int")
@@ -40,8 +53,8 @@ def gpu_sandbox(image: str | None, *, gpus: int = 1, timeout: float = 300, **kwa
     except ImageNotFoundError:
         raise
     except BackendError as exc:
-        # Docker's own words ("could not select device driver ...") do not say
-        # what is missing; say it, and keep the engine's text.
+        # A remote engine's own words ("could not select device driver ...") do
+        # not say what is missing; say it, and keep the engine's text.
         if "device driver" not in str(exc):
             raise
         raise BackendError(

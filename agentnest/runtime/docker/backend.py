@@ -43,7 +43,7 @@ from ...errors import (
 from ...policy import NetworkMode
 from .. import bootstrap, mounts, storage
 from ..base import Capability, RuntimeBackend, SandboxHandle
-from . import checkpoint, egress, images, labels, seccomp
+from . import checkpoint, egress, gpus, images, labels, seccomp
 from .engine import Background, map_docker_errors, missing_image_hint, raw_socket
 from .freeze import Freezer
 from .live import LiveState
@@ -69,6 +69,7 @@ class DockerBackend(RuntimeBackend):
         self.name = name
         self._api: docker.APIClient | None = None
         self._info: dict[str, Any] | None = None
+        self._gpu_facts: gpus.GPUFacts | None = None
         self._lock = threading.Lock()
         self._known_images: set[str] = set()
         self._pool: storage.StoragePool | None = None
@@ -125,6 +126,13 @@ class DockerBackend(RuntimeBackend):
                     'would ignore AgentNest\'s seccomp profile; add "--oci-seccomp" to its runtimeArgs in '
                     "/etc/docker/daemon.json (`make engine` does) and reload dockerd"
                 )
+
+    def gpu_support(self, oci_runtime: str | None = None) -> gpus.GPUSupport:
+        """Whether, and how, this engine gives GPUs to sandboxes of ``oci_runtime`` (see :mod:`.gpus`)."""
+        if self._gpu_facts is None:
+            # Cached: the engine's runtimes, and the host's devices and toolkit, change with a restart.
+            self._gpu_facts = gpus.gather(self.engine_info(), storage.local_engine(self.spec.docker_host))
+        return gpus.decide(self._gpu_facts, oci_runtime or self.spec.oci_runtime)
 
     def storage_pool(self) -> storage.StoragePool | None:
         """The storage pool for disk workspaces, or ``None`` (remote engine, or no pool)."""
@@ -318,6 +326,9 @@ class DockerBackend(RuntimeBackend):
         oci_runtime = self.spec.allowlist_oci_runtime() if allowlist else self.spec.oci_runtime
         self.check_runtime(oci_runtime)
         self._check_confinement(config)
+        # GPUs the engine cannot give, or more than the host has: refused here,
+        # before any network, workspace or container exists.
+        gpu = gpus.request(self.gpu_support(oci_runtime), config.limits.gpus) if config.limits.gpus else None
         config, image_info = images.resolve_image(config, self.spec.image_aliases)  # the alias, if any
         self._ensure_image(config.image)
         sandbox_id = os.urandom(6).hex()
@@ -342,6 +353,7 @@ class DockerBackend(RuntimeBackend):
                 restore_from,
                 slot=spare,
                 after_clone=after_clone,
+                gpu=gpu,
             )
         except BaseException:
             if topology is not None:
@@ -444,6 +456,7 @@ class DockerBackend(RuntimeBackend):
         *,
         slot: bool = False,
         after_clone: Callable[[], None] | None = None,
+        gpu: gpus.GPURequest | None = None,
     ) -> SandboxHandle:
         uid, _, gid = config.user.partition(":")
         gid = gid or uid
@@ -459,6 +472,8 @@ class DockerBackend(RuntimeBackend):
         env["AGENTNEST_WORKSPACE"] = config.workdir
         if topology is not None:
             env.update(topology.sandbox_environment())
+        if gpu is not None:
+            env.update(gpu.environment)  # after the caller's: see gpus.request
         api = self.api
         import docker.types
 
@@ -497,9 +512,6 @@ class DockerBackend(RuntimeBackend):
                 )
         else:
             tmpfs[config.workdir] = f"{tmpfs_opts},mode=0755,size={limits.workspace}"
-        device_requests = (
-            [docker.types.DeviceRequest(count=limits.gpus, capabilities=[["gpu"]])] if limits.gpus else None
-        )
         host_config = api.create_host_config(
             # Resource ceilings; memswap == memory means no swap.
             mem_limit=limits.memory,
@@ -522,7 +534,8 @@ class DockerBackend(RuntimeBackend):
             # No init process: PID 1 is the deadline keeper (see bootstrap),
             # which also reaps orphans.
             init=False,
-            runtime=oci_runtime,
+            # The nvidia runtime (a runc wrapper) only when that is how this host gives GPUs.
+            runtime=(gpu.runtime if gpu is not None and gpu.runtime else oci_runtime),
             ipc_mode="private",
             # No container log: the agent channel runs over the container's
             # stdio, so a log would keep every command's output (secrets
@@ -531,7 +544,7 @@ class DockerBackend(RuntimeBackend):
             ulimits=self._ulimits(config),
             # Under memory pressure on the host, the sandbox dies first.
             oom_score_adj=500,
-            device_requests=device_requests,
+            device_requests=gpu.device_requests() if gpu is not None else None,
         )
         container_labels = labels.for_sandbox(sandbox_id, self.name, created, deadline)
         if slot:
