@@ -83,7 +83,17 @@ def _disk() -> tuple[SandboxConfig, KubernetesSpec]:
     return config, spec
 
 
-SCENARIOS = {"denied": _denied, "allowlist-secret": _allowlist, "disk-storage-class": _disk}
+def _gpu() -> tuple[SandboxConfig, KubernetesSpec]:
+    config = SandboxConfig(image="nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", limits=ResourceLimits(gpus=2))
+    return config, KubernetesSpec(gpu_runtime_class_name="gvisor-nvproxy")
+
+
+SCENARIOS = {
+    "denied": _denied,
+    "allowlist-secret": _allowlist,
+    "disk-storage-class": _disk,
+    "gpu-runtime-class": _gpu,
+}
 
 
 def _render(name: str) -> list[dict[str, Any]]:
@@ -292,6 +302,29 @@ def test_gpus() -> None:
     pod = m.pod(config, KubernetesSpec(), SANDBOX, COMMAND, now=NOW)
     resources = pod["spec"]["containers"][0]["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == "2"
+    assert pod["spec"]["runtimeClassName"] == "gvisor"  # no GPU class configured: the usual one
+
+
+def test_gpu_pods_run_in_the_gpu_runtime_class_others_do_not() -> None:
+    spec = KubernetesSpec(gpu_runtime_class_name="gvisor-nvproxy")
+    gpu = m.pod(SandboxConfig(image="x", limits=ResourceLimits(gpus=1)), spec, SANDBOX, COMMAND, now=NOW)
+    plain = m.pod(SandboxConfig(image="x"), spec, SANDBOX, COMMAND, now=NOW)
+    assert gpu["spec"]["runtimeClassName"] == "gvisor-nvproxy"
+    assert gpu["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert plain["spec"]["runtimeClassName"] == "gvisor"
+    assert "nvidia.com/gpu" not in plain["spec"]["containers"][0]["resources"]["limits"]
+    # The proxy pod of an allowlisted GPU sandbox keeps its own class.
+    allowlisted = SandboxConfig(
+        image="x", limits=ResourceLimits(gpus=1), network=NetworkPolicy.allowlist(["example.com"])
+    )
+    pods = [o for o in m.render(allowlisted, spec, SANDBOX, now=NOW) if o["kind"] == "Pod"]
+    assert sorted(str(p["spec"].get("runtimeClassName")) for p in pods) == ["None", "gvisor-nvproxy"]
+
+
+@pytest.mark.parametrize("bad", ["GPU", "nvidia_gpu", "", "-x"])
+def test_a_bad_gpu_runtime_class_name_is_refused(bad: str) -> None:
+    with pytest.raises(ConfigurationError, match="gpu_runtime_class_name"):
+        KubernetesSpec(gpu_runtime_class_name=bad)
 
 
 @pytest.mark.parametrize(

@@ -114,7 +114,7 @@ class KubernetesBackend(RuntimeBackend):
         self._api: Any = None
         self._connection: Any = None
         self._lock = threading.Lock()
-        self._handler: str | None = None  # the RuntimeClass's handler, once read
+        self._handlers: dict[str, str] = {}  # RuntimeClass name -> its handler, once read
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -200,6 +200,9 @@ class KubernetesBackend(RuntimeBackend):
                 # Both move the workspace through the agent channel.
                 Capability.FORK,
                 Capability.SNAPSHOT,
+                # nvidia.com/gpu limits, scheduled by the NVIDIA device plugin;
+                # gpu_runtime_class_name is checked in create.
+                Capability.GPU,
             }
         )
 
@@ -213,10 +216,13 @@ class KubernetesBackend(RuntimeBackend):
         is the name itself taken for the handler.  ``None``: the cluster's
         default runtime, or a class that does not exist.
         """
-        name = self.spec.runtime_class_name
+        return self._oci_runtime_of(self.spec.runtime_class_name)
+
+    def _oci_runtime_of(self, name: str | None) -> str | None:
+        """The OCI runtime of the RuntimeClass ``name`` (see :attr:`oci_runtime`)."""
         if not name:
             return None
-        if self._handler is None:
+        if name not in self._handlers:
             handler: str | None
             try:
                 api, _ = self._cluster()
@@ -225,13 +231,36 @@ class KubernetesBackend(RuntimeBackend):
                 handler = _KNOWN_RUNTIMES.get(name)
             else:
                 handler = str(found.get("handler") or "") if found is not None else ""
-            self._handler = handler or ""
-        handler = self._handler
+            self._handlers[name] = handler or ""
+        handler = self._handlers[name]
         if not handler:
             return None
         if handler.startswith("kata"):
             return "kata-runtime"
+        if handler.startswith("runsc"):
+            return "runsc"  # e.g. a handler "runsc-nvproxy" for GPU pods, as "kata-*" above
         return _KNOWN_RUNTIMES.get(handler, handler)
+
+    def _check_gpu_runtime_class(self, config: SandboxConfig) -> None:
+        """Refuse a GPU pod whose RuntimeClass runs another OCI runtime than the policy was checked against.
+
+        The guard checks a policy's ``required_runtime`` against
+        :attr:`oci_runtime` (``runtime_class_name``'s handler); a GPU pod in
+        ``gpu_runtime_class_name`` must not slip out of it (fail closed).
+        """
+        name = self.spec.pod_runtime_class(config.limits.gpus)
+        if name == self.spec.runtime_class_name:
+            return
+        seen, gpu = self.oci_runtime, self._oci_runtime_of(name)
+        if seen is not None and gpu != seen:
+            found = repr(gpu) if gpu else "no OCI runtime it can name (no such RuntimeClass?)"
+            raise UnsupportedCapabilityError(
+                f"gpu_runtime_class_name={name!r} runs {found}, "
+                f"but sandboxes here are checked against runtime_class_name={self.spec.runtime_class_name!r} "
+                f"({seen!r}); use a GPU RuntimeClass with the same runtime (for gVisor: a handler running "
+                "runsc with --nvproxy=true), or set runtime_class_name to the GPU class on a backend for "
+                "GPU work; no pod was created"
+            )
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -243,6 +272,8 @@ class KubernetesBackend(RuntimeBackend):
             )
         allowlist = config.network.mode is NetworkMode.ALLOWLIST
         api, _ = self._cluster()
+        if config.limits.gpus:
+            self._check_gpu_runtime_class(config)
         sandbox_id = os.urandom(6).hex()
         now = time.time()
         objects = manifests.render(config, self.spec, sandbox_id, now=now)

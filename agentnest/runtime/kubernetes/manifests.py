@@ -428,7 +428,10 @@ def pod(
             "volumes": volumes,
         }
     )
-    pod_spec.update(_placement(spec, spec.runtime_class_name))
+    # GPU pods may run in their own class (one whose handler has the GPU
+    # plumbing, e.g. gVisor with nvproxy); the backend checks it is the same
+    # OCI runtime the policy was checked against.
+    pod_spec.update(_placement(spec, spec.pod_runtime_class(limits.gpus)))
     out = {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -136,6 +136,12 @@ class KubernetesSpec:
         runtime_class_name: the RuntimeClass of sandbox pods (``gvisor`` by
             default); ``None`` is the cluster's default runtime (runc: far
             weaker isolation; say so before choosing it).
+        gpu_runtime_class_name: the RuntimeClass of pods that ask for GPUs
+            (``gpus=N``: ``nvidia.com/gpu`` limits), e.g. a gVisor class whose
+            handler runs runsc with ``--nvproxy=true``; ``None`` (default) keeps
+            ``runtime_class_name``.  Its handler must be the same OCI runtime as
+            ``runtime_class_name``'s (the one a policy's ``required_runtime`` is
+            checked against), or such pods are refused before they are created.
         image_pull_policy: ``IfNotPresent`` (default; pin images by digest so
             every node runs the same bits), ``Always`` or ``Never``.
         image_pull_secrets: names of Secrets in ``namespace`` for private registries.
@@ -186,6 +192,7 @@ class KubernetesSpec:
     context: str | None = None
     kubeconfig: str | None = None
     runtime_class_name: str | None = "gvisor"
+    gpu_runtime_class_name: str | None = None
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
     # Not part of the hash (a mapping is not hashable); still compared.
@@ -216,6 +223,12 @@ class KubernetesSpec:
             self.runtime_class_name,
             "runtime_class_name",
             "use the name of a RuntimeClass (`kubectl get runtimeclass`), or None for the cluster default",
+        )
+        _optional_name(
+            self.gpu_runtime_class_name,
+            "gpu_runtime_class_name",
+            "use the name of a RuntimeClass for GPU pods (`kubectl get runtimeclass`), or None to keep "
+            "runtime_class_name",
         )
         _optional_name(
             self.proxy_runtime_class_name,
@@ -293,6 +306,15 @@ class KubernetesSpec:
             raise ConfigurationError(
                 f"proxy_image={self.proxy_image!r:.80} is not an image reference; use e.g. 'python:3.12-slim'"
             )
+
+    def pod_runtime_class(self, gpus: int) -> str | None:
+        """The RuntimeClass of a sandbox pod asking for ``gpus`` GPUs.
+
+        .. versionadded:: 0.4.0
+        """
+        if gpus and self.gpu_runtime_class_name is not None:
+            return self.gpu_runtime_class_name
+        return self.runtime_class_name
 
     def seccomp_profile(self) -> dict[str, str]:
         """The ``seccompProfile`` object ``seccomp`` names.
