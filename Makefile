@@ -5,18 +5,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo test unit integration escapes lint docs bench engine image storage postgres venv clean
+.PHONY: demo test unit integration escapes lint docs bench engine image browser storage postgres venv clean
 
 demo: engine venv image storage
 	$(BIN)/agentnest demo
 
-test: engine venv image storage postgres lint docs
+test: engine venv image browser storage postgres lint docs
 	AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q tests
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
 
-integration: engine venv image storage postgres
+integration: engine venv image browser storage postgres
 	$(BIN)/pytest -q tests/integration
 
 escapes: engine venv image storage
@@ -33,7 +33,7 @@ lint: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
-bench: engine venv image storage postgres
+bench: engine venv image browser storage postgres
 	$(BIN)/python benchmarks/bench.py
 
 engine:
@@ -45,6 +45,10 @@ postgres:
 
 image: engine venv
 	$(BIN)/agentnest image base
+
+# The browser preset's image (Debian's Chromium + Playwright; docs/presets.md): built once.
+browser: engine venv image
+	$(BIN)/agentnest image browser
 
 # The storage pool of disk workspaces (btrfs on a sparse file, quotas on); see docs/state.md.
 storage: engine venv

@@ -54,7 +54,7 @@ from collections.abc import (
 )
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 import anyio
 import anyio.from_thread
@@ -75,6 +75,9 @@ from .runtime.base import RuntimeBackend, SandboxHandle
 from .sandbox import _MAX_INLINE_CODE, Sandbox, _text, with_profile
 from .secrets import Secret
 from .session import PythonSession, PythonSessionInfo, SessionResult, SessionStream
+
+if TYPE_CHECKING:
+    from .browser.aio import AsyncBrowser
 
 __all__ = ["AsyncExecutionStream", "AsyncPythonSession", "AsyncSandbox", "AsyncSessionStream"]
 
@@ -309,6 +312,7 @@ class AsyncSandbox:
         runtime: str | None = None,
         disk: int | str | None = None,
         workspace: str | None = None,
+        preset: str | None = None,
     ) -> _Creation:
         """Provision a sandbox; the twin of ``Sandbox(...)`` (see there for the arguments).
 
@@ -333,6 +337,7 @@ class AsyncSandbox:
             "verify": verify,
             "disk": disk,
             "workspace": workspace,
+            "preset": preset,
         }
         image = renamed(
             image,
@@ -581,6 +586,17 @@ class AsyncSandbox:
             return json.loads(result.stdout)
         except ValueError as exc:
             raise ExecutionError(f"the code's stdout is not JSON: {exc}", result) from None
+
+    async def browser(
+        self, *, timeout: float = 30.0, viewport: tuple[int, int] = (1280, 720)
+    ) -> AsyncBrowser:
+        """See :meth:`Sandbox.browser`; the browser's actions are awaited."""
+        from .browser.aio import AsyncBrowser
+
+        browser = await self._call(
+            functools.partial(self._sandbox.browser, timeout=timeout, viewport=viewport)
+        )
+        return AsyncBrowser(browser)
 
     async def python_session(
         self, *, name: str | None = None, start_timeout: float = 30.0

@@ -203,6 +203,15 @@ def _freeze_env(env: Mapping[str, str | Secret] | None) -> Mapping[str, str | Se
     return MappingProxyType(out)
 
 
+#: The presets a sandbox can be made for, and what each changes from the defaults:
+#:
+#: ``browser``: Chromium reserves tens of GiB of address space it never uses
+#: (V8's heap cage, PartitionAlloc's pools), so under gVisor the sandbox gets
+#: no address-space rlimit (memory stays capped by the cgroup); ``/dev/shm``
+#: is a 256 MiB tmpfs (Chromium's shared memory; Docker's default is 64 MiB).
+PRESETS = ("browser",)
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxConfig:
     """Everything a backend needs to create one sandbox."""
@@ -234,8 +243,16 @@ class SandboxConfig:
     """Require a rootless engine (``SecurityPolicy.rootless``).  .. versionadded:: 0.4.0"""
     proxy_image: str | None = None
     """Image of the egress proxy (``SecurityPolicy.egress_proxy_image``).  .. versionadded:: 0.4.0"""
+    preset: str | None = None
+    """The preset the sandbox was made for (``"browser"``), or None.  A backend
+    gives a preset what its workload needs and nothing more (see
+    :data:`PRESETS`).  .. versionadded:: 0.4.0"""
 
     def __post_init__(self) -> None:
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ConfigurationError(
+                f"preset={self.preset!r} is not a preset; choose one of {', '.join(map(repr, PRESETS))}"
+            )
         if not isinstance(self.image, str) or not self.image.strip() or any(c.isspace() for c in self.image):
             raise ConfigurationError(
                 f"image={self.image!r} is not an image reference like 'python:3.12-slim'"

@@ -26,6 +26,10 @@ Every error AgentNest raises on purpose derives from :class:`AgentNestError`::
      ├── PoolFactoryError            a pool's factory failed; ``__cause__`` is why
      ├── SessionLostError            a Python session's interpreter is gone (state lost)
      ├── VerificationError           verify=True found the policy not holding inside
+ ├── BrowserError                a browser sandbox's page failed (``.kind``); the sandbox lives on
+ │    ├── BrowserTimeoutError    (also TimeoutError) the page ran past its timeout and was closed
+ │    ├── SelectorNotFoundError  (also LookupError) no element matches the selector
+ │    └── NavigationError        the page could not be opened (refused by the egress policy, DNS, TLS...)
      └── AuditError                  an audit sink could not record an event (fail loud)
 
 Messages name what was wrong and how to fix it.  Over the wire (agent
@@ -278,11 +282,50 @@ class AuditError(AgentNestError):
     """
 
 
+class BrowserError(AgentNestError):
+    """A browser sandbox's page action failed; the sandbox and its browser go on.
+
+    ``kind`` says how: ``"timeout"``, ``"selector"``, ``"navigation"``,
+    ``"denied"`` (the egress policy refused the site), ``"too_large"`` (a
+    screenshot or value over the output limit), ``"crashed"`` (the page died
+    and was replaced), ``"error"`` (anything else Playwright reported).
+
+    .. versionadded:: 0.4.0
+    """
+
+    def __init__(self, message: str, kind: str = "error") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class BrowserTimeoutError(BrowserError, TimeoutError):
+    """The page ran past its timeout; it was closed and the next call gets a fresh one.
+
+    .. versionadded:: 0.4.0
+    """
+
+
+class SelectorNotFoundError(BrowserError, LookupError):
+    """No element matched the selector within the timeout.
+
+    .. versionadded:: 0.4.0
+    """
+
+
+class NavigationError(BrowserError):
+    """The page could not be opened: refused by the egress policy, or a network error.
+
+    .. versionadded:: 0.4.0
+    """
+
+
 __all__ = [
     "AdmissionRefusedError",
     "AgentNestError",
     "AuditError",
     "BackendError",
+    "BrowserError",
+    "BrowserTimeoutError",
     "ChannelError",
     "ConfigurationError",
     "ExecutionError",
@@ -292,6 +335,7 @@ __all__ = [
     "GPUUnavailableError",
     "ImageNotFoundError",
     "MissingDependencyError",
+    "NavigationError",
     "PolicyDeniedError",
     "PoolExhaustedError",
     "PoolFactoryError",
@@ -299,6 +343,7 @@ __all__ = [
     "RuntimeNotAvailableError",
     "SandboxDestroyedError",
     "SandboxPausedError",
+    "SelectorNotFoundError",
     "SessionLostError",
     "SnapshotError",
     "TemplateBaseNotFoundError",

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from . import state as _state
 from ._aliases import either, renamed
@@ -51,6 +51,9 @@ from .runtime.base import Capability, RuntimeBackend, SandboxHandle
 from .runtime.registry import get_backend
 from .secrets import SECRET_DIR, Secret
 from .session import PythonSession, PythonSessionInfo, list_python_sessions, open_python_session
+
+if TYPE_CHECKING:
+    from .browser.driver import Browser
 
 #: Extra time the host waits past a command's own timeout for the agent to
 #: report the kill, before it declares the agent hung.
@@ -109,11 +112,17 @@ def with_profile(fn: _F) -> _F:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         profile = kwargs.pop("profile", None)
-        if profile is None:
+        if profile is None and kwargs.get("preset") is None:
             return fn(*args, **kwargs)
         given = dict(signature.bind_partial(*args, **kwargs).arguments)
         first = given.pop(next(iter(signature.parameters)))  # self or cls
-        return fn(first, **profile_kwargs(profile, given))
+        if profile is not None:
+            given = profile_kwargs(profile, given)
+        if given.get("preset") is not None:
+            from .browser.image import preset_kwargs
+
+            given = preset_kwargs(given)
+        return fn(first, **given)
 
     return call  # type: ignore[return-value]
 
@@ -175,6 +184,10 @@ class Sandbox:
             explicitly override the profile's.
         runtime: 0.3.0's name of ``image`` (deprecated; 0.3.0 took it as the
             first positional argument, which ``image`` is).
+        preset: ``"browser"``: a sandbox with Chromium and Playwright (the
+            image is built offline on first use; see docs/presets.md), 2g of
+            memory, 512 processes and a 256m ``/tmp`` unless given here; drive
+            it with :meth:`browser`.
 
     Raises:
         ConfigurationError: an argument is invalid.
@@ -208,6 +221,7 @@ class Sandbox:
         runtime: str | None = None,
         disk: int | str | None = None,
         workspace: str | None = None,
+        preset: str | None = None,
     ) -> None:
         # stacklevel 4: past this __init__ and with_profile's wrapper, to the caller.
         image = renamed(
@@ -237,6 +251,7 @@ class Sandbox:
             apparmor_profile=policy.apparmor_profile,
             rootless=policy.rootless,
             proxy_image=policy.egress_proxy_image,
+            preset=preset,
         )
         self._guard = Guard(config, policy, observers, approval_hook)
         self._guard.check_create(self._backend.capabilities(), self._backend.oci_runtime)
@@ -685,6 +700,25 @@ class Sandbox:
             return json.loads(result.stdout)
         except ValueError as exc:
             raise ExecutionError(f"the code's stdout is not JSON: {exc}", result) from None
+
+    def browser(self, *, timeout: float = 30.0, viewport: tuple[int, int] = (1280, 720)) -> Browser:
+        """The Chromium of a browser sandbox (``Sandbox(preset="browser")``), driven from here.
+
+        Each call returns a new handle on the same browser and page (they live in
+        the sandbox's ``agentnest.browser`` Python session).  See
+        :class:`agentnest.browser.Browser` and docs/presets.md.
+
+        Args:
+            timeout: default seconds per action; a page past it is closed
+                (:class:`BrowserTimeoutError`), the sandbox goes on.
+            viewport: the page's size in CSS pixels.
+
+        .. versionadded:: 0.4.0
+        """
+        from .browser.driver import Browser
+
+        self._check_alive()
+        return Browser(self, timeout=timeout, viewport=viewport)
 
     def python_session(self, *, name: str | None = None, start_timeout: float = 30.0) -> PythonSession:
         """Start a persistent Python interpreter in the sandbox, or return the live one of ``name``.

@@ -58,7 +58,7 @@ examples:
 
 
 def register(commands: Commands) -> None:
-    """Add ``image base``, ``image build`` and ``image list`` to the command line."""
+    """Add ``image base``, ``image build``, ``image browser`` and ``image list`` to the command line."""
     parser = add_command(
         commands, "image", "build or list AgentNest images", "Build or list AgentNest images.", _EPILOG
     )
@@ -89,6 +89,20 @@ def register(commands: Commands) -> None:
     output.add_argument("-v", "--verbose", action="store_true", help="show every line of build output")
     output.add_argument("-q", "--quiet", action="store_true", help="print only the tag")
     build.set_defaults(handler=handle_build)
+    browser = actions.add_parser(
+        "browser",
+        help="build the browser preset's image (Chromium + Playwright) if it is missing",
+        description="Build the image of Sandbox(preset='browser') offline: Debian's Chromium and "
+        "Playwright for Python (its wheels are fetched once with pip, or taken from "
+        "$AGENTNEST_BROWSER_WHEELS).  See docs/presets.md.",
+        epilog="examples:\n  agentnest image browser\n  agentnest image browser -q    # print only the tag\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    browser.add_argument("--force", action="store_true", help="rebuild, without the engine's build cache")
+    output = browser.add_mutually_exclusive_group()
+    output.add_argument("-v", "--verbose", action="store_true", help="show every line of build output")
+    output.add_argument("-q", "--quiet", action="store_true", help="print only the tag")
+    browser.set_defaults(handler=handle_browser)
     listing = actions.add_parser(
         "list",
         help="list AgentNest images on the engine",
@@ -102,7 +116,7 @@ def register(commands: Commands) -> None:
 
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_usage(sys.stderr)
-    error("choose an action: base, build or list (see `agentnest image --help`)")
+    error("choose an action: base, build, browser or list (see `agentnest image --help`)")
     return 2
 
 
@@ -240,6 +254,25 @@ def handle_build(args: argparse.Namespace) -> int:
         print(f"{tag}: cached (built before from the same spec; --force rebuilds)")
     else:
         print(f"{tag}: built in {elapsed:.1f} s ({display.steps} steps)")
+    return 0
+
+
+def handle_browser(args: argparse.Namespace) -> int:
+    """Build the browser preset's image unless built; print its tag."""
+    from ..browser.image import BROWSER_IMAGE, browser_image
+
+    display = BuildDisplay(sys.stderr, verbose=args.verbose)
+    started = time.monotonic()
+    try:
+        tag = browser_image(api=_docker_api(), progress=None if args.quiet else display, force=args.force)
+    finally:
+        display.close()
+    if args.quiet:
+        print(tag)
+    elif display.outcome == "cached":
+        print(f"{tag} ({BROWSER_IMAGE}): cached (--force rebuilds)")
+    else:
+        print(f"{tag} ({BROWSER_IMAGE}): built in {time.monotonic() - started:.1f} s ({display.steps} steps)")
     return 0
 
 

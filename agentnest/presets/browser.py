@@ -7,14 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ImageNotFoundError
+from ..browser.image import BROWSER_IMAGE
 from ..policy import SecurityPolicy
 from ..sandbox import Sandbox
 
 __all__ = ["BROWSER_IMAGE", "browser_sandbox"]
-
-#: 0.3.0's browser image.  Pin it by digest in production.
-BROWSER_IMAGE = "mcr.microsoft.com/playwright/python:v1.52.0-noble"
 
 
 def browser_sandbox(
@@ -24,33 +21,37 @@ def browser_sandbox(
     security_policy: SecurityPolicy | None = None,
     **kwargs: Any,
 ) -> Sandbox:
-    """Create a sandbox for a headless browser (Playwright).
+    """Create a sandbox with Chromium and Playwright: ``Sandbox(preset="browser")``.
+
+    The image is AgentNest's own, built offline on first use from Debian's
+    Chromium and Playwright's wheel (:mod:`agentnest.browser.image`; about
+    half a minute once, then cached).  Drive it with ``sandbox.browser()``,
+    or with Playwright in the sandbox (``from playwright.sync_api import
+    sync_playwright`` just works there).
 
     Args:
         timeout: the sandbox's lifetime in seconds.
-        image: an image with a browser; by default Playwright's Python image.
+        image: the browser image; by default AgentNest's
+            (``agentnest/preset:browser``, built if missing).  Another image
+            needs Playwright and a Chromium it can launch.
         security_policy: the policy; by default :class:`SecurityPolicy`'s
             (no network: give the sites the browser may reach with
-            ``NetworkPolicy.allowlist(domains=...)``).
+            ``NetworkPolicy.allowlist(domains=...)``; the egress proxy is then
+            Chromium's proxy, and every connection an ``egress.*`` event).
         kwargs: any other :class:`~agentnest.Sandbox` argument; ``memory``
-            defaults to ``"2g"`` and ``pids`` to 512 (a browser starts many
-            processes).
+            defaults to ``"2g"``, ``pids`` to 512 and ``scratch_size`` to
+            ``"256m"`` (a browser starts many processes and keeps its profile in
+            ``/tmp``).
 
     Returns:
         The running :class:`~agentnest.Sandbox`.
 
     Raises:
-        ImageNotFoundError: the image is not on the engine and cannot be
-            pulled (the message says how to get it).
+        TemplateBuildError: the browser image could not be built (the message
+            has the step's output).
+        ImageNotFoundError: ``image`` is not on the engine and cannot be pulled.
     """
-    kwargs.setdefault("memory", "2g")
-    kwargs.setdefault("pids", 512)
-    try:
-        return Sandbox(image, timeout, security_policy=security_policy, **kwargs)
-    except ImageNotFoundError as exc:
-        raise ImageNotFoundError(
-            f"browser_sandbox: {exc}. The browser image cannot be pulled here: "
-            f"pull {image!r} where the engine can reach its registry (`docker pull {image}`), "
-            "or pass image= a local image with a browser; a built-in browser image that builds "
-            "offline is planned"
-        ) from None
+    kwargs.setdefault("preset", "browser")
+    return Sandbox(
+        None if image == BROWSER_IMAGE else image, timeout, security_policy=security_policy, **kwargs
+    )

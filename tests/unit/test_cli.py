@@ -100,7 +100,7 @@ def test_image_without_action_is_a_usage_error(capsys: pytest.CaptureFixture[str
     code, out, err = run_cli(capsys, "image")
     assert code == 2
     assert out == ""
-    assert "error: choose an action: base, build or list" in err
+    assert "error: choose an action: base, build, browser or list" in err
 
 
 def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

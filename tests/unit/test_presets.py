@@ -63,7 +63,7 @@ def test_module_keeps_0_3_0_names_and_signatures() -> None:
     browser = inspect.signature(presets.browser_sandbox).parameters
     assert [(p.name, p.kind.name, p.default) for p in browser.values()] == [
         ("timeout", "KEYWORD_ONLY", 300),
-        ("image", "KEYWORD_ONLY", "mcr.microsoft.com/playwright/python:v1.52.0-noble"),
+        ("image", "KEYWORD_ONLY", "agentnest/preset:browser"),
         ("security_policy", "KEYWORD_ONLY", None),
         ("kwargs", "VAR_KEYWORD", inspect.Parameter.empty),
     ]
@@ -73,18 +73,21 @@ def test_module_keeps_0_3_0_names_and_signatures() -> None:
     assert gpu["image"].default is inspect.Parameter.empty
 
 
-def test_browser_defaults_and_a_missing_image_says_what_to_do() -> None:
+def test_browser_defaults_and_a_backend_that_cannot_build_the_image() -> None:
     from agentnest.presets import BROWSER_IMAGE, browser_sandbox
 
-    backend = Refusing(ImageNotFoundError(f"image {BROWSER_IMAGE!r} is not on this engine"))
-    with pytest.raises(ImageNotFoundError) as info:
+    assert BROWSER_IMAGE == "agentnest/preset:browser"
+    backend = Refusing(ImageNotFoundError("image 'local/browser' is not on this engine"))
+    # The image is built on this host's Docker engine; another backend must be told which image.
+    with pytest.raises(ConfigurationError) as info:
         browser_sandbox(backend=backend)
-    message = str(info.value)
-    assert "cannot be pulled here" in message and "built-in browser image" in message and "planned" in message
-    assert f"docker pull {BROWSER_IMAGE}" in message and isinstance(info.value, BackendError)
+    assert "agentnest image browser" in str(info.value) and "image=" in str(info.value)
+    assert backend.configs == []
+    with pytest.raises(ImageNotFoundError):
+        browser_sandbox(image="local/browser", backend=backend)
     (config,) = backend.configs
-    assert config.image == BROWSER_IMAGE and config.lifetime == 300
-    assert (config.limits.memory, config.limits.pids) == (2048 * MiB, 512)
+    assert config.image == "local/browser" and config.lifetime == 300 and config.preset == "browser"
+    assert (config.limits.memory, config.limits.pids, config.limits.scratch) == (2048 * MiB, 512, 256 * MiB)
     assert config.network == NetworkPolicy.denied()
     # Every default can be overridden, and the other Sandbox arguments pass through.
     policy = SecurityPolicy(network=NetworkPolicy.allowlist(domains=("example.com",)))
@@ -106,6 +109,16 @@ def test_browser_defaults_and_a_missing_image_says_what_to_do() -> None:
         300,
     )
     assert config.limits.cpus == 2.0 and config.network.domains == ("example.com",)
+
+
+def test_an_unknown_preset_is_refused_before_anything_is_created() -> None:
+    from agentnest import Sandbox
+
+    backend = Refusing(AssertionError("must not be reached"))
+    for bad in ("chrome", "", 1):
+        with pytest.raises(ConfigurationError, match="preset="):
+            Sandbox(image="local", preset=bad, backend=backend)  # type: ignore[arg-type]
+    assert backend.configs == []
 
 
 def test_gpu_counts_are_checked_before_anything_is_created() -> None:

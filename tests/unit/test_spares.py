@@ -171,6 +171,7 @@ CHANGES: dict[str, Any] = {
     "apparmor_profile": "other",
     "rootless": True,
     "proxy_image": "proxy:2",
+    "preset": "browser",
 }
 
 

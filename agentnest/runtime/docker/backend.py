@@ -52,10 +52,10 @@ from .spec import DockerSpec
 if TYPE_CHECKING:
     import docker
 
-#: How long after its deadline a container is force-removed by ``destroy``
-#: callers that find it still running; the keeper normally stops it first.
 #: Memory gVisor's own kernel (the Sentry) needs beside the workload.
 _GVISOR_OVERHEAD = 48 * 2**20
+#: /dev/shm of a browser sandbox (bytes).
+BROWSER_SHM = 256 * 2**20
 #: How long a warm container (create_spare) may wait to become a fork's child.
 SPARE_MAX_AGE = 300.0
 _CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -537,6 +537,9 @@ class DockerBackend(RuntimeBackend):
             # The nvidia runtime (a runc wrapper) only when that is how this host gives GPUs.
             runtime=(gpu.runtime if gpu is not None and gpu.runtime else oci_runtime),
             ipc_mode="private",
+            # /dev/shm: Docker's 64 MiB, or 256 MiB for a browser, whose
+            # renderers share their frames through it (a bounded tmpfs either way).
+            shm_size=BROWSER_SHM if config.preset == "browser" else None,
             # No container log: the agent channel runs over the container's
             # stdio, so a log would keep every command's output (secrets
             # included) in a host file that sandbox code could grow at will.
@@ -784,7 +787,11 @@ class DockerBackend(RuntimeBackend):
             in_memory = limits.scratch + (limits.workspace if limits.workspace_medium == "memory" else 0)
             address_space = max(limits.memory - in_memory - _GVISOR_OVERHEAD, 64 * 2**20)
             out.append(docker.types.Ulimit(name="nproc", soft=limits.pids, hard=limits.pids))
-            out.append(docker.types.Ulimit(name="as", soft=address_space, hard=address_space))
+            # Not for a browser: Chromium reserves tens of GiB of address space
+            # at start (V8's heap cage, PartitionAlloc's pools) and dies on a
+            # CHECK without it.  Its memory stays capped by the cgroup.
+            if config.preset != "browser":
+                out.append(docker.types.Ulimit(name="as", soft=address_space, hard=address_space))
         return out
 
     def _is_gvisor(self) -> bool:
