@@ -789,8 +789,10 @@ class DockerBackend(RuntimeBackend):
             out.append(docker.types.Ulimit(name="nproc", soft=limits.pids, hard=limits.pids))
             # Not for a browser: Chromium reserves tens of GiB of address space
             # at start (V8's heap cage, PartitionAlloc's pools) and dies on a
-            # CHECK without it.  Its memory stays capped by the cgroup.
-            if config.preset != "browser":
+            # CHECK without it.  Nor for GPUs (opt-in nvproxy): CUDA maps the
+            # device's memory into the address space.  Memory stays capped by
+            # the cgroup either way.
+            if config.preset != "browser" and not config.limits.gpus:
                 out.append(docker.types.Ulimit(name="as", soft=address_space, hard=address_space))
         return out
 
