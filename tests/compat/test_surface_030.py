@@ -12,8 +12,8 @@ fails too, so the table stays true.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +46,6 @@ REVIEWED: dict[str, str] = {
         "an iterator of ExecutionChunk (ending with the 'status' chunk), with .result and close()"
     ),
     "agentnest.Sandbox.restore ->: returns None -> SnapshotMetadata": "a value where there was None",
-
     "agentnest.AsyncSandbox.restore ->: returns None -> SnapshotMetadata": "a value where there was None",
     "agentnest.ResourceLimits()(memory=): default '512m' -> 536870912": (
         "512 MiB either way (sizes are parsed)"
