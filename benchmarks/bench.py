@@ -58,6 +58,7 @@ if str(ROOT) not in sys.path:
 import docker  # noqa: E402
 import docker.errors  # noqa: E402
 import seed  # noqa: E402
+from browser import bench_browser  # noqa: E402
 from disk import bench_disk  # noqa: E402
 from docker.models.containers import Container  # noqa: E402
 from egress import bench_egress  # noqa: E402
@@ -1154,6 +1155,7 @@ def run_backend(
         ("T", "snapshot and restore", lambda: bench_snapshot(backend, floor, plan)),
         ("L", "live state (gVisor)", lambda: bench_live(backend, floor, plan)),
         ("E", "egress allowlist", lambda: bench_egress(backend, plan)),
+        ("B", "browser preset", lambda: bench_browser(backend, floor, plan)),
         ("D", "disk workspaces: host disk", lambda: bench_disk(backend, plan)),
         ("K", "kubernetes backend (cluster double)", lambda: bench_kube(backend, plan)),
         ("M", "manager: admission", lambda: bench_manager(backend, plan)),
