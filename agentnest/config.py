@@ -210,6 +210,8 @@ def _freeze_env(env: Mapping[str, str | Secret] | None) -> Mapping[str, str | Se
 #: no address-space rlimit (memory stays capped by the cgroup); ``/dev/shm``
 #: is a 256 MiB tmpfs (Chromium's shared memory; Docker's default is 64 MiB).
 PRESETS = ("browser",)
+#: ``/dev/shm`` of a browser sandbox (bytes), on every backend.
+BROWSER_SHM = 256 * MiB
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,7 @@ def _disk() -> tuple[SandboxConfig, KubernetesSpec]:
 
 
 def _gpu() -> tuple[SandboxConfig, KubernetesSpec]:
-    config = SandboxConfig(image="nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", limits=ResourceLimits(gpus=2))
+    config = SandboxConfig(image="registry.example/nvidia/cuda:12.4.1-base-ubuntu22.04", limits=ResourceLimits(gpus=2))
     return config, KubernetesSpec(gpu_runtime_class_name="gvisor-nvproxy")
 
 
@@ -590,3 +590,20 @@ def test_max_lifetime_sets_the_hard_stop_extend_may_reach() -> None:
     assert m.hard_stop_seconds(config, KubernetesSpec(max_lifetime=10)) == 60 + m.DEADLINE_GRACE
     with pytest.raises(ConfigurationError, match="max_lifetime"):
         KubernetesSpec(max_lifetime=0)
+
+
+def test_a_browser_sandbox_gets_a_larger_dev_shm_and_nothing_else_changes() -> None:
+    config, spec = _denied()
+    browser = dataclasses.replace(config, preset="browser")
+    plain, shown = (
+        _pod(m.render(c, spec, SANDBOX, now=NOW, owner="o", tenant="t", command=COMMAND, secret_values=False))
+        for c in (config, browser)
+    )
+    volumes = {v["name"]: v for v in shown["spec"]["volumes"]}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Mi"}
+    plain_volumes = {v["name"]: v for v in plain["spec"]["volumes"]}
+    assert plain_volumes["shm"]["emptyDir"]["sizeLimit"] == "64Mi"
+    # Only /dev/shm differs; the security context, limits and mounts are the same.
+    del volumes["shm"], plain_volumes["shm"]
+    assert volumes == plain_volumes
+    assert shown["spec"]["containers"] == plain["spec"]["containers"]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...channel.streams import ByteStream, DockerMuxStream
-from ...config import SandboxConfig
+from ...config import BROWSER_SHM, SandboxConfig
 from ...errors import (
     BackendError,
     ImageNotFoundError,
@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 
 #: Memory gVisor's own kernel (the Sentry) needs beside the workload.
 _GVISOR_OVERHEAD = 48 * 2**20
-#: /dev/shm of a browser sandbox (bytes).
-BROWSER_SHM = 256 * 2**20
 #: How long a warm container (create_spare) may wait to become a fork's child.
 SPARE_MAX_AGE = 300.0
 _CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

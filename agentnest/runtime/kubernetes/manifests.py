@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from ...config import GiB, KiB, MiB, SandboxConfig
+from ...config import BROWSER_SHM, GiB, KiB, MiB, SandboxConfig
 from ...errors import ConfigurationError
 from ...policy import NetworkMode
 from ...secrets import Secret
@@ -395,7 +395,8 @@ def pod(
         _workspace_volume(config, spec, labels),
         _memory_dir("tmp", limits.scratch),
         _memory_dir("run", RUN_SIZE),
-        _memory_dir("shm", min(SHM_SIZE, limits.scratch)),
+        # A browser's renderers share their frames through /dev/shm (config.PRESETS).
+        _memory_dir("shm", BROWSER_SHM if config.preset == "browser" else min(SHM_SIZE, limits.scratch)),
         _podinfo_volume(),
     ]
     mounts = [
