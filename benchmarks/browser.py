@@ -15,13 +15,11 @@ The image is built (or found) before anything is timed.  Imported by bench.py.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import time
-from typing import Any
 
-from harness import Floor, Plan, Reaper, Result, Series, Target, timed
+from harness import FLOOR_LABELS, Floor, Plan, Reaper, Result, Series, Target, remove_quietly, timed
 
 from agentnest import Sandbox
 from agentnest.browser import browser_image
@@ -87,17 +85,22 @@ def bench_browser(backend: str, floor: Floor, plan: Plan) -> list[Result]:
                 detach=True,
                 runtime=floor.runtime,
                 network_mode="none",
+                labels=FLOOR_LABELS,
                 user="65532:65532",
                 environment={"PAGE": PAGE},
+                # Under this gVisor, Docker's default seccomp profile answers
+                # clone3 with EPERM (not ENOSYS), so no thread can start;
+                # AgentNest's own profile leaves clone3 to gVisor.
+                security_opt=["seccomp=unconfined"] if floor.runtime.startswith("runsc") else None,
             )
-            reaper.add(functools.partial(_remove, container))
+            reaper.add(functools.partial(remove_quietly, container))
             status = container.wait(timeout=120)
             took = time.perf_counter() - t0
             if status.get("StatusCode") != 0:
                 raise RuntimeError(f"the floor's chromium failed: {container.logs()[-500:]!r}")
             if i:
                 cold_floor.samples.append(took)
-            _remove(container)
+            remove_quietly(container)
     notes = [
         f"image {image} (Debian's Chromium, Playwright); each B1 sample a fresh sandbox; "
         "the floor has no Playwright, no policy and no page driver",
@@ -114,11 +117,3 @@ def bench_browser(backend: str, floor: Floor, plan: Plan) -> list[Result]:
         ),
         Result(backend, "B2", "browser: second screenshot, warm", warm, warm_floor, Target("p50_le", 300.0)),
     ]
-
-
-def _remove(container: Any) -> None:
-    """Remove a floor container once (the loop does it; the reaper only if the loop did not)."""
-    import docker.errors
-
-    with contextlib.suppress(docker.errors.NotFound):
-        container.remove(force=True)
