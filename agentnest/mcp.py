@@ -18,6 +18,9 @@ Security model (docs/mcp.md):
   refuses a request over it (with a ``policy.denied`` event).
 - Only images the operator allowed: ``allowed_images`` of the policy, else the
   server's own image.  A client cannot make the host pull arbitrary images.
+- Browser sandboxes (``preset="browser"``, with the ``browse`` tool) only
+  when the operator allows the preset (``ServerSettings.presets``), within
+  the same ceiling (see :mod:`agentnest.mcp_browse`).
 - Snapshots go to a directory the server owns; clients name them with a short
   validated name, never a host path.
 - At most ``max_sandboxes`` live sandboxes, each with a lifetime (it stops
@@ -113,6 +116,11 @@ class ServerSettings:
             this server under ``$XDG_STATE_HOME/agentnest/mcp-snapshots`` that
             is removed when the server stops.
         observers: more event sinks (a JSONL log, tests).
+        presets: presets a client may ask create_sandbox for (``("browser",)``:
+            sandboxes with Chromium, and the ``browse`` tool); none by default.
+
+    .. versionchanged:: 0.4.0
+       ``presets``.
     """
 
     backend: str | RuntimeBackend = "docker"
@@ -123,8 +131,12 @@ class ServerSettings:
     max_sandboxes: int = DEFAULT_MAX_SANDBOXES
     snapshot_dir: Path | None = None
     observers: Sequence[Observer] = ()
+    presets: Sequence[str] = ()
 
     def __post_init__(self) -> None:
+        from .mcp_browse import check_presets
+
+        object.__setattr__(self, "presets", check_presets(self.presets))
         count = self.max_sandboxes
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
             raise ConfigurationError(f"max_sandboxes={count!r} must be an integer from 1 to 1000")
@@ -154,7 +166,8 @@ class _Entry:
         self.sandbox = sandbox
         self.created = time.time()
         self.session: Any = None
-        self.lock = threading.Lock()  # opening the session
+        self.browser: Any = None  # a browser sandbox's Browser, made on the first browse
+        self.lock = threading.Lock()  # opening the session or the browser
 
 
 class SandboxService:
@@ -232,29 +245,42 @@ class SandboxService:
         timeout: float | None = None,
         memory: str | int | None = None,
         cpus: float | None = None,
+        preset: str | None = None,
     ) -> dict[str, Any]:
         """Create a sandbox within the server's ceiling and return its description.
 
+        ``preset="browser"`` (only if the operator allows it in
+        ``ServerSettings.presets``) makes a browser sandbox, for :meth:`browse`.
+
         Raises:
-            PolicyDeniedError: over the ceiling, an image not allowed, or the
-                server already runs ``max_sandboxes`` sandboxes.
+            PolicyDeniedError: over the ceiling, an image not allowed, a preset
+                the operator did not allow, or the server already runs
+                ``max_sandboxes`` sandboxes.
         """
         from .sandbox import Sandbox
 
-        kwargs = dict(self._defaults)
+        client: dict[str, Any] = {}
         if image is not None:
-            kwargs["image"] = _text(image, "image", 512)
-        kwargs["timeout"] = _seconds(timeout, "timeout", self.settings.lifetime)
+            client["image"] = _text(image, "image", 512)
+        lifetime = _seconds(timeout, "timeout", self.settings.lifetime)
         if memory is not None:
             if isinstance(memory, bool) or not isinstance(memory, (str, int)):
                 raise ConfigurationError("memory must be a size such as '256m'")
-            kwargs["memory"] = parse_size(memory, "memory")
+            client["memory"] = parse_size(memory, "memory")
         if cpus is not None:
-            kwargs["cpus"] = _number(cpus, "cpus")
+            client["cpus"] = _number(cpus, "cpus")
+        policy = self.policy
+        if preset is None:
+            kwargs = {**self._defaults, **client}
+        else:
+            from .mcp_browse import preset_sandbox_kwargs
+
+            kwargs, policy = preset_sandbox_kwargs(self.settings, self.backend, self.policy, client, preset)
+        kwargs["timeout"] = lifetime
         with self._slot():
             sandbox = Sandbox(
                 backend=self.backend,
-                security_policy=self.policy,
+                security_policy=policy,
                 observers=self._observers,
                 **kwargs,
             )
@@ -385,6 +411,21 @@ class SandboxService:
             duration=round(result.duration, 3),
         )
         return out
+
+    def browse(
+        self, sandbox_id: str, url: str, full_page: bool = False, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Open ``url`` in a browser sandbox: its text, console and screenshot (PNG, base64).
+
+        See :func:`agentnest.mcp_browse.browse` for the answer's keys.
+
+        Raises:
+            UnsupportedCapabilityError: the sandbox is not a browser sandbox.
+            BrowserError: the page failed to load or timed out.
+        """
+        from .mcp_browse import browse
+
+        return browse(self._get(sandbox_id), url, full_page, timeout, text_limit=MAX_TEXT_CHARS)
 
     # -- files ---------------------------------------------------------------------------
 
@@ -538,6 +579,7 @@ class SandboxService:
             "memory": limits.memory,
             "cpus": limits.cpus,
             "network": sandbox.config.network.mode.value,
+            "preset": sandbox.config.preset,
             "expires_in": max(round(sandbox.deadline - time.time(), 1), 0.0),
             "session_open": entry.session is not None,
         }
@@ -696,11 +738,13 @@ def build_server(service: SandboxService) -> "MCPServer":
     from pydantic import Field
 
     from ._version import __version__
+    from .mcp_browse import BROWSE_INSTRUCTIONS
 
+    browsing = "browser" in service.settings.presets
     server: MCPServer = MCPServer(
         "agentnest",
         version=__version__,
-        instructions=_INSTRUCTIONS,
+        instructions=_INSTRUCTIONS + (BROWSE_INSTRUCTIONS if browsing else ""),
         log_level="WARNING",
     )
 
@@ -744,9 +788,17 @@ def build_server(service: SandboxService) -> "MCPServer":
             str | None, Field(description="memory limit such as '256m', at most the server's")
         ] = None,
         cpus: Annotated[float | None, Field(description="CPU limit, at most the server's", gt=0)] = None,
+        preset: Annotated[
+            str | None,
+            Field(
+                description="'browser' for a sandbox with Chromium, to use with browse; presets this "
+                f"server allows: {', '.join(service.settings.presets) or 'none'}",
+                max_length=32,
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         """Create an isolated sandbox and return its sandbox_id, limits and time left."""
-        return call(service.create_sandbox, image, timeout, memory, cpus)
+        return call(service.create_sandbox, image, timeout, memory, cpus, preset)
 
     @server.tool(annotations=mutating)
     def exec_shell(
@@ -822,6 +874,11 @@ def build_server(service: SandboxService) -> "MCPServer":
     def destroy(sandbox_id: SandboxId) -> dict[str, Any]:
         """Destroy a sandbox and everything in it."""
         return call(service.destroy, sandbox_id)
+
+    if browsing:
+        from .mcp_browse import register_browse
+
+        register_browse(server, service, call, SandboxId, mutating)
 
     @server.tool(annotations=readonly)
     def list_sandboxes() -> dict[str, Any]:

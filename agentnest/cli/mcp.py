@@ -28,6 +28,7 @@ examples:
   claude mcp add agentnest -- agentnest mcp --backend gvisor
   agentnest mcp --transport http --port 8765        # http://127.0.0.1:8765/mcp
   agentnest mcp --profile strict --max-sandboxes 4
+  agentnest mcp --allow-preset browser              # create_sandbox(preset="browser") and browse
 """
 
 
@@ -63,6 +64,14 @@ def register(commands: Commands) -> None:
         default=3600.0,
         metavar="SECONDS",
         help="the longest lifetime a client may ask for (default 3600)",
+    )
+    parser.add_argument(
+        "--allow-preset",
+        action="append",
+        choices=("browser",),
+        default=[],
+        metavar="NAME",
+        help="let clients create sandboxes of this preset (browser: Chromium, and the browse tool)",
     )
     parser.add_argument("--audit-log", type=Path, metavar="PATH", help="the JSONL audit log (see below)")
     parser.add_argument("--no-audit-log", action="store_true", help="do not write the JSONL audit log")
@@ -135,6 +144,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         max_sandboxes=args.max_sandboxes,
         snapshot_dir=args.snapshot_dir,
         observers=tuple(observers),
+        presets=tuple(dict.fromkeys(args.allow_preset)),
     )
 
 

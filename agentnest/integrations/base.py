@@ -1,7 +1,8 @@
 """``SandboxRunner``: a sandbox as tools for any agent framework.
 
 The runner turns a :class:`~agentnest.Sandbox` into the handful of calls an
-agent loop makes -- run Python, run a shell command, read and write a file --
+agent loop makes -- run Python, run a shell command, read and write a file,
+and in a browser sandbox (``Sandbox(preset="browser")``) browse a page --
 and answers each with a :class:`RunOutput` whose ``text`` is ready to go back
 to a language model: bounded, with errors written out, secrets redacted (by
 the sandbox's guard, before the runner sees anything).
@@ -16,7 +17,8 @@ What is returned and what is raised:
 * The code's own failures are *answers*, not exceptions: an exception in the
   code, a non-zero exit, a timeout (the sandbox and the session's variables
   survive it), a Python interpreter that died (a fresh one is started and the
-  text says the variables are gone), a file that does not exist.  The model
+  text says the variables are gone), a file that does not exist, a page that
+  does not load (a bad URL, a refused site, a page past its timeout).  The model
   reads them and tries again.
 * A refusal by the policy or an approval hook (:class:`PolicyDeniedError`) is
   also an answer by default, ``"denied: <reason>"`` with ``denied=True``, so
@@ -27,13 +29,16 @@ What is returned and what is raised:
   :class:`SandboxDestroyedError` (destroyed, or past its deadline),
   :class:`BackendError`, :class:`AuditError` (an event could not be
   recorded: fail loud), and a bad argument from the *program* (not the model),
-  such as code that is not a ``str``: :class:`ConfigurationError`.
+  such as code that is not a ``str``: :class:`ConfigurationError`; browsing
+  in a sandbox that is not a browser sandbox:
+  :class:`UnsupportedCapabilityError`.
 
 .. versionadded:: 0.4.0
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import weakref
@@ -46,6 +51,9 @@ import anyio.to_thread
 
 from .._aliases import deprecated
 from ..errors import (
+    AgentNestError,
+    BrowserError,
+    BrowserTimeoutError,
     ChannelError,
     ConfigurationError,
     ExecutionTimeoutError,
@@ -57,6 +65,7 @@ from ..session import DisplayItem, PythonSession, SessionResult
 
 if TYPE_CHECKING:
     from ..aio import AsyncSandbox
+    from ..browser.driver import Browser
     from ..config import ExecutionResult
     from ..policy import SecurityPolicy
     from ..sandbox import Sandbox
@@ -69,6 +78,12 @@ DEFAULT_MAX_OUTPUT_CHARS = 20_000
 DEFAULT_TIMEOUT = 300
 
 Language = Literal["python", "shell"]
+#: What :meth:`SandboxRunner.describe` describes: a language, or the browse tool.
+ToolKind = Literal["python", "shell", "browse"]
+#: Seconds one page action of :meth:`SandboxRunner.browse` may take by default
+#: (the runner's ``timeout``, if lower, wins), and at most.
+BROWSE_TIMEOUT = 30.0
+MAX_BROWSE_TIMEOUT = 600.0
 _T = TypeVar("_T")
 
 
@@ -103,7 +118,8 @@ class RunOutput:
     truncated: bool = False
     """Output was cut: by the sandbox's ``max_output_bytes`` or by ``max_output_chars``."""
     display: tuple[DisplayItem, ...] = ()
-    """Python: rich outputs (figures, HTML), as :class:`~agentnest.DisplayItem`."""
+    """Python: rich outputs (figures, HTML), as :class:`~agentnest.DisplayItem`;
+    :meth:`SandboxRunner.browse`: the screenshot (``image/png``)."""
     note: str | None = None
     """The runner's own one-line remark on the call (timed out, interpreter lost), also in ``text``."""
 
@@ -259,6 +275,7 @@ class SandboxRunner:
         self.max_output_chars = max_output_chars
         self.raise_denied = bool(raise_denied)
         self._session: PythonSession | None = None
+        self._browser: Browser | None = None
         # Serializes calls: a session runs one piece of code at a time, and
         # frameworks may call tools from several threads at once.
         self._lock = threading.RLock()
@@ -305,8 +322,12 @@ class SandboxRunner:
 
     # -- describing the tools ------------------------------------------------------
 
-    def describe(self, language: Language = "python") -> str:
-        """A tool description for a model: what the tool does and what the sandbox allows."""
+    def describe(self, language: ToolKind = "python") -> str:
+        """A tool description for a model: what the tool does and what the sandbox allows.
+
+        .. versionchanged:: 0.4.0
+           ``"browse"``: the :meth:`browse` tool of a browser sandbox.
+        """
         config = self._sandbox.config
         network = config.network
         if network.mode.value == "denied":
@@ -336,6 +357,14 @@ class SandboxRunner:
             return (
                 "Run a shell command (/bin/sh -c) in an isolated sandbox and get its output and "
                 "exit code. Files persist between calls. " + limits
+            )
+        if language == "browse":
+            return (
+                "Open a web page in the sandbox's browser (Chromium) and get its title, its visible "
+                "text, its console messages and a screenshot (PNG, also saved in "
+                f"{config.workdir.rstrip('/')}/screenshots). Give an http:// or https:// URL, a "
+                "file:// URL or the absolute path of a file in the sandbox "
+                f"(e.g. {config.workdir.rstrip('/')}/index.html). " + limits
             )
         raise ConfigurationError(f"language {language!r} is not supported; use 'python' or 'shell'")
 
@@ -425,9 +454,15 @@ class SandboxRunner:
         """
         with self._lock:
             session, self._session = self._session, None
+            browser, self._browser = self._browser, None
             try:
                 if session is not None:
                     session.close()
+                if browser is not None and not self._sandbox.destroyed:
+                    # The browser's session (and Chromium) go; a sandbox
+                    # already gone or failing took them with it.
+                    with contextlib.suppress(AgentNestError):
+                        browser.close()
             finally:
                 if self._finalizer is not None:
                     self._finalizer()  # destroys the sandbox, once
@@ -583,6 +618,69 @@ class SandboxRunner:
         size = len(content.encode("utf-8"))
         return RunOutput(text=f"wrote {size} bytes to {path}", ok=True)
 
+    # -- browsing --------------------------------------------------------------------------
+
+    def browse(self, url: str, *, full_page: bool = False, timeout: float | None = None) -> RunOutput:
+        """Open ``url`` in a browser sandbox's Chromium: its text, console and a screenshot.
+
+        ``url`` is an http, https or file URL, or the absolute path of a file
+        in the sandbox (``/workspace/index.html``).  ``text`` has the page's
+        title, URL and status, its visible text (bounded by
+        ``max_output_chars``), its console messages and the size and sandbox
+        path of the screenshot; ``display`` holds the screenshot itself
+        (``image/png``) and ``stdout`` the whole page text.  The screenshot is
+        of the viewport (1280x720), or of the whole page with ``full_page``.
+
+        Each page action may take ``timeout`` seconds (by default 30, or the
+        runner's ``timeout`` if lower; at most 600).  A page that does not
+        load (a bad URL, a site the egress policy refuses, a timeout) is an
+        answer (``ok=False``); the browser starts afresh on the next call
+        when it had to be stopped.
+
+        Raises:
+            UnsupportedCapabilityError: the sandbox is not a browser sandbox
+                (create it with ``Sandbox(preset="browser")``).
+            ConfigurationError: ``url`` is not a ``str`` or ``full_page`` not a bool.
+            SandboxDestroyedError: the sandbox is gone.
+            PolicyDeniedError: only with ``raise_denied=True``.
+
+        .. versionadded:: 0.4.0
+        """
+        from ._browse import format_browse, require_browser_sandbox
+
+        url = _text(url, "url")
+        if not isinstance(full_page, bool):
+            raise ConfigurationError(f"full_page={full_page!r} must be True or False")
+        if timeout is None:
+            limit = min(self.timeout, BROWSE_TIMEOUT)
+        else:
+            limit = min(self._timeout(timeout), MAX_BROWSE_TIMEOUT)
+        require_browser_sandbox(self._sandbox)
+        with self._lock:
+            try:
+                if self._browser is None:
+                    self._browser = self._sandbox.browser()
+                result = self._browser.browse(url, timeout=limit, full_page=full_page)
+            except BrowserTimeoutError as exc:
+                return self._failed(f"browse {url[:200]!r}: timed out: {exc}", timed_out=True)
+            except BrowserError as exc:
+                return self._failed(f"browse {url[:200]!r} failed ({type(exc).__name__}): {exc}")
+            except ConfigurationError as exc:
+                # The URL is the model's: a bad one is an answer it can fix.
+                return self._failed(f"browse {url[:200]!r}: {exc}")
+            except PolicyDeniedError as exc:
+                return self._denied(exc)
+            except ChannelError as exc:
+                return self._failed(f"the sandbox's agent was lost: {exc}")
+        text, cut = format_browse(result, self.max_output_chars)
+        return RunOutput(
+            text=text,
+            ok=True,
+            stdout=result.text,
+            truncated=cut,
+            display=(result.screenshot.display,),
+        )
+
     # -- async twins -------------------------------------------------------------------
 
     async def arun_python(self, code: str, *, timeout: float | None = None) -> RunOutput:
@@ -602,6 +700,15 @@ class SandboxRunner:
     async def awrite_file(self, path: str, content: str) -> RunOutput:
         """:meth:`write_file`, awaited."""
         return await self._in_thread(functools.partial(self.write_file, path, content))
+
+    async def abrowse(self, url: str, *, full_page: bool = False, timeout: float | None = None) -> RunOutput:
+        """:meth:`browse`, awaited.  A cancelled call runs on until its page's timeout.
+
+        .. versionadded:: 0.4.0
+        """
+        return await self._in_thread(
+            functools.partial(self.browse, url, full_page=full_page, timeout=timeout)
+        )
 
     async def _in_thread(self, call: Callable[[], _T], on_cancel: Callable[[], None] | None = None) -> _T:
         try:
@@ -631,9 +738,9 @@ class SandboxRunner:
         reason = str(exc)
         return RunOutput(text=f"denied: {reason}", ok=False, error=reason, denied=True)
 
-    def _failed(self, reason: str) -> RunOutput:
+    def _failed(self, reason: str, *, timed_out: bool = False) -> RunOutput:
         text, cut = bound_text(reason, self.max_output_chars)
-        return RunOutput(text=text, ok=False, error=reason, truncated=cut)
+        return RunOutput(text=text, ok=False, error=reason, truncated=cut, timed_out=timed_out)
 
     def __repr__(self) -> str:
         owner = " (owned)" if self._owned else ""

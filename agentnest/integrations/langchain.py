@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AgentNestError as AgentNestError  # 0.3.0 had it here
 from ..errors import ConfigurationError, MissingDependencyError
-from .base import Language
+from ._browse import is_browser_sandbox
+from .base import Language, RunOutput
 from .base import SandboxRunner as SandboxRunner  # 0.3.0 had it here
 
 if TYPE_CHECKING:
@@ -78,7 +79,24 @@ def _schemas() -> dict[str, Any]:
         path: str = Field(description="Path of the file to write, relative to the workspace.")
         content: str = Field(description="The whole text content of the file.")
 
-    return {"python": PythonInput, "shell": ShellInput, "read": ReadFileInput, "write": WriteFileInput}
+    class BrowseInput(BaseModel):
+        """Arguments of the browse tool."""
+
+        url: str = Field(
+            description="An http:// or https:// URL, a file:// URL, or the absolute path of a file in "
+            "the sandbox (such as /workspace/index.html)."
+        )
+        full_page: bool = Field(
+            default=False, description="Screenshot the whole page rather than the visible window."
+        )
+
+    return {
+        "python": PythonInput,
+        "shell": ShellInput,
+        "read": ReadFileInput,
+        "write": WriteFileInput,
+        "browse": BrowseInput,
+    }
 
 
 def _runner(
@@ -189,12 +207,23 @@ def build_langchain_tools(
     prefix: str = "",
     **runner_kwargs: Any,
 ) -> list[StructuredTool]:
-    """Four tools over one runner: Python, shell, read a file, write a file.
+    """Four tools over one runner: Python, shell, read a file, write a file (and browse).
 
     They share the runner, so they share its Python session and take turns.
     Names: ``python_sandbox``, ``shell_sandbox``, ``read_file``,
     ``write_file``, each with ``prefix`` in front.  ``runner`` and
     ``runner_kwargs`` as for :func:`build_langchain_tool`.
+
+    In a browser sandbox (``Sandbox(preset="browser")``, or
+    ``preset="browser"`` among ``runner_kwargs``) a fifth tool, ``browse``
+    (arguments ``url`` and ``full_page``), opens a page with
+    :meth:`SandboxRunner.browse`: the model reads its text; the tool's
+    response format is ``content_and_artifact``, so a ``ToolMessage``'s
+    ``artifact`` is the :class:`~agentnest.integrations.RunOutput`, whose
+    ``display`` holds the screenshot (``image/png``).
+
+    .. versionchanged:: 0.4.0
+       The ``browse`` tool in a browser sandbox.
 
     Raises:
         ConfigurationError: a runner given with ``runner_kwargs``.
@@ -233,6 +262,26 @@ def build_langchain_tools(
             args_schema=schemas["write"],
         ),
     ]
+    if is_browser_sandbox(shared.sandbox):
+
+        def browse(url: str, full_page: bool = False) -> tuple[str, RunOutput]:
+            out = shared.browse(url, full_page=full_page)
+            return out.text, out
+
+        async def abrowse(url: str, full_page: bool = False) -> tuple[str, RunOutput]:
+            out = await shared.abrowse(url, full_page=full_page)
+            return out.text, out
+
+        files.append(
+            tool_class.from_function(
+                func=browse,
+                coroutine=abrowse,
+                name=f"{prefix}browse",
+                description=shared.describe("browse"),
+                args_schema=schemas["browse"],
+                response_format="content_and_artifact",
+            )
+        )
     return [
         build_langchain_tool(shared, name=f"{prefix}python_sandbox", language="python"),
         build_langchain_tool(shared, name=f"{prefix}shell_sandbox", language="shell"),

@@ -84,7 +84,7 @@ def _disk() -> tuple[SandboxConfig, KubernetesSpec]:
 
 
 def _gpu() -> tuple[SandboxConfig, KubernetesSpec]:
-    config = SandboxConfig(image="registry.example/nvidia/cuda:12.4.1-base-ubuntu22.04", limits=ResourceLimits(gpus=2))
+    config = SandboxConfig(image="example/cuda:12.4.1-base-ubuntu22.04", limits=ResourceLimits(gpus=2))
     return config, KubernetesSpec(gpu_runtime_class_name="gvisor-nvproxy")
 
 

@@ -594,6 +594,13 @@ def test_options_become_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert settings.backend == "docker" and settings.lifetime == 600
     (observer,) = settings.observers
     assert Path(observer.path) == tmp_path / "a.jsonl"
+    assert settings.presets == ()  # no browser sandboxes unless the operator says so
+    args = build_parser().parse_args(
+        ["mcp", "--no-audit-log", "--allow-preset", "browser", "--allow-preset", "browser"]
+    )
+    assert settings_from_args(args).presets == ("browser",)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["mcp", "--allow-preset", "chrome"])
     args = build_parser().parse_args(["mcp", "--no-audit-log", "--audit-log", "x"])
     with pytest.raises(ConfigurationError, match="either"):
         settings_from_args(args)
