@@ -312,6 +312,13 @@ class RemoteBackend(RuntimeBackend):
             )
         if config.network.cidrs:
             raise ConfigurationError("the remote backend cannot ask for allowlist cidrs; name domains")
+        if config.preset is not None:
+            # The server would make a plain sandbox: without the preset's /dev/shm
+            # and (on gVisor) address space, Chromium would not start.
+            raise ConfigurationError(
+                f"the remote backend cannot ask for preset={config.preset!r}: the HTTP API has no presets; "
+                "create browser sandboxes on a local Docker backend"
+            )
         environment: dict[str, str] = {}
         secrets: dict[str, str] = {}
         secret_files: dict[str, str] = {}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from server_fakes import IMAGE, LocalBackend, add_token, auth, killed_on_exit, make_settings, tagged
 
-from agentnest import ChannelError, ConfigurationError, Sandbox, SandboxDestroyedError
+from agentnest import ChannelError, ConfigurationError, Sandbox, SandboxConfig, SandboxDestroyedError
 from agentnest.runtime.remote import RemoteBackend
 from agentnest.server.app import ServerSettings, create_app
 from agentnest.server.thread import serve_in_thread
@@ -90,7 +90,11 @@ def test_remote_backend_configuration_errors(monkeypatch: pytest.MonkeyPatch) ->
         RemoteBackend("http://192.0.2.1:8700", "t")
     with pytest.raises(ConfigurationError, match="http://HOST"):
         RemoteBackend("ftp://x", "t")
-    RemoteBackend("http://192.0.2.1:8700", "t", allow_insecure=True).close()
+    backend = RemoteBackend("http://192.0.2.1:8700", "t", allow_insecure=True)
+    # A preset is refused before any request (192.0.2.1 is never contacted).
+    with pytest.raises(ConfigurationError, match="preset='browser'"):
+        backend.create(SandboxConfig(image="local/browser", preset="browser"))
+    backend.close()
 
 
 def test_unreachable_and_refused(server: tuple[str, ServerSettings, LocalBackend]) -> None:
