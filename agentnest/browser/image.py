@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError, TemplateBuildError
-from ..templates import ProgressCallback, Template
+from ..templates import BuildEvent, ProgressCallback, Template
 
 #: The stable name of the newest browser image on the engine.
 BROWSER_IMAGE = "agentnest/preset:browser"
@@ -179,6 +179,8 @@ def browser_image(*, api: Any = None, progress: ProgressCallback | None = None, 
     key = str(id(api))
     with _lock:
         if key in _built and not force:
+            if progress is not None:
+                progress(BuildEvent("cached", f"{_built[key]} was checked in this process: nothing to build"))
             return _built[key]
         template = browser_template(browser_wheels(engine_arch(api)))
         tag = template.build(api=api, progress=progress, force=force)

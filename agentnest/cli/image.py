@@ -247,14 +247,19 @@ def handle_build(args: argparse.Namespace) -> int:
         tag = template.build(api=api, progress=None if args.quiet else display, force=args.force)
     finally:
         display.close()
-    elapsed = time.monotonic() - started
-    if args.quiet:
+    _report(tag, "", display, started, args.quiet)
+    return 0
+
+
+def _report(tag: str, name: str, display: BuildDisplay, started: float, quiet: bool) -> None:
+    """One line on stdout: the tag alone (``quiet``), or whether it was cached or built, and how fast."""
+    shown = f"{tag} ({name})" if name else tag
+    if quiet:
         print(tag)
     elif display.outcome == "cached":
-        print(f"{tag}: cached (built before from the same spec; --force rebuilds)")
+        print(f"{shown}: cached (built before from the same spec; --force rebuilds)")
     else:
-        print(f"{tag}: built in {elapsed:.1f} s ({display.steps} steps)")
-    return 0
+        print(f"{shown}: built in {time.monotonic() - started:.1f} s ({display.steps} steps)")
 
 
 def handle_browser(args: argparse.Namespace) -> int:
@@ -267,12 +272,7 @@ def handle_browser(args: argparse.Namespace) -> int:
         tag = browser_image(api=_docker_api(), progress=None if args.quiet else display, force=args.force)
     finally:
         display.close()
-    if args.quiet:
-        print(tag)
-    elif display.outcome == "cached":
-        print(f"{tag} ({BROWSER_IMAGE}): cached (--force rebuilds)")
-    else:
-        print(f"{tag} ({BROWSER_IMAGE}): built in {time.monotonic() - started:.1f} s ({display.steps} steps)")
+    _report(tag, BROWSER_IMAGE, display, started, args.quiet)
     return 0
 
 

@@ -314,3 +314,19 @@ def test_demo_walks_through_every_step(capsys: pytest.CaptureFixture[str], backe
     assert "uid=65532" in out
     assert "ExecutionTimeoutError" in out
     assert out.rstrip().endswith("all 7 steps passed")
+
+
+def test_image_browser_names_the_built_browser_image(capsys: pytest.CaptureFixture[str], api: Any) -> None:
+    from agentnest.browser.image import BROWSER_IMAGE
+    from agentnest.templates import LABEL
+
+    # `make test` builds it first, so this is the cached path: a tag and nothing rebuilt.
+    code, out, _ = run_cli(capsys, "image", "browser", "-q")
+    assert code == 0
+    tag = out.strip()
+    assert tag.startswith("agentnest/template:")
+    found = api.inspect_image(tag)
+    assert api.inspect_image(BROWSER_IMAGE)["Id"] == found["Id"]
+    assert found["Config"]["Labels"][LABEL].startswith(tag.split(":")[1])
+    code, out, _ = run_cli(capsys, "image", "browser")
+    assert code == 0 and out.startswith(f"{tag} ({BROWSER_IMAGE}): cached")
