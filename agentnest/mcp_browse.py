@@ -21,8 +21,8 @@ enabled the preset; an image the client names must be in the policy's
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from .config import PRESETS, parse_size
 from .errors import ConfigurationError, PolicyDeniedError
@@ -32,9 +32,27 @@ if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
     from mcp.types import CallToolResult, ToolAnnotations
 
-    from .mcp import SandboxService, ServerSettings
     from .policy import SecurityPolicy
     from .runtime.base import RuntimeBackend
+
+
+class PresetSettings(Protocol):
+    """What a preset's sandbox needs of the server's settings (``mcp.ServerSettings``)."""
+
+    @property
+    def presets(self) -> Sequence[str]: ...
+
+    @property
+    def sandbox_kwargs(self) -> Mapping[str, Any]: ...
+
+
+class BrowseService(Protocol):
+    """What the browse tool needs of the server's service (``mcp.SandboxService``)."""
+
+    def browse(
+        self, sandbox_id: str, url: str, full_page: bool = False, timeout: float | None = None
+    ) -> dict[str, Any]: ...
+
 
 __all__ = [
     "BROWSE_INSTRUCTIONS",
@@ -71,7 +89,7 @@ def check_presets(presets: object) -> tuple[str, ...]:
 
 
 def preset_sandbox_kwargs(
-    settings: "ServerSettings",
+    settings: PresetSettings,
     backend: "RuntimeBackend",
     policy: "SecurityPolicy",
     client: Mapping[str, Any],
@@ -209,7 +227,7 @@ def tool_result(answer: Mapping[str, Any]) -> "CallToolResult":
 
 def register_browse(
     server: "MCPServer",
-    service: "SandboxService",
+    service: BrowseService,
     call: Callable[..., Any],
     sandbox_id_type: Any,
     annotations: "ToolAnnotations",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UnsupportedCapabilityError
-from .base import bound_text
+from ._text import bound_text
 
 if TYPE_CHECKING:
     from ..browser.driver import BrowseResult, ConsoleMessage

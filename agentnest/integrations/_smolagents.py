@@ -24,7 +24,7 @@ from ..errors import (
     SessionLostError,
 )
 from ..session import PythonSession, SessionResult
-from .base import bound_text
+from ._text import bound_text
 
 try:
     from smolagents.local_python_executor import CodeOutput  # type: ignore[import-untyped,import-not-found,unused-ignore]

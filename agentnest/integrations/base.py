@@ -62,6 +62,7 @@ from ..errors import (
     SessionLostError,
 )
 from ..session import DisplayItem, PythonSession, SessionResult
+from ._text import bound_text
 
 if TYPE_CHECKING:
     from ..aio import AsyncSandbox
@@ -125,16 +126,6 @@ class RunOutput:
 
     def __str__(self) -> str:
         return self.text
-
-
-def bound_text(text: str, limit: int) -> tuple[str, bool]:
-    """Keep the head and the (longer) tail of ``text`` within ``limit`` characters."""
-    if len(text) <= limit:
-        return text, False
-    head = limit // 3
-    tail = limit - head
-    cut = len(text) - head - tail
-    return f"{text[:head]}\n... [{cut} characters cut] ...\n{text[len(text) - tail :]}", True
 
 
 class SandboxRunner:
