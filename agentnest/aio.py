@@ -287,7 +287,7 @@ class AsyncSandbox:
         self._waits = anyio.CapacityLimiter(MAX_AWAITED_COMMANDS)
 
     @classmethod
-    @with_profile
+    @with_profile(image=False)
     def create(
         cls,
         image: str | None = None,

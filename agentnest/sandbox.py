@@ -105,8 +105,18 @@ _EGRESS_FIELDS = (
 )
 
 
-def with_profile(fn: _F) -> _F:
-    """Let ``profile=`` fill in every argument the caller did not pass explicitly."""
+@overload
+def with_profile(fn: _F) -> _F: ...
+@overload
+def with_profile(*, image: bool = True) -> Callable[[_F], _F]: ...
+def with_profile(fn: _F | None = None, *, image: bool = True) -> _F | Callable[[_F], _F]:
+    """Let ``profile=`` and ``preset=`` fill in every argument the caller did not pass explicitly.
+
+    ``image=False`` leaves a preset's image for later (``AsyncSandbox.create``
+    resolves it, which may build it, in its worker thread, not on the event loop).
+    """
+    if fn is None:
+        return functools.partial(with_profile, image=image)
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
@@ -121,10 +131,10 @@ def with_profile(fn: _F) -> _F:
         if given.get("preset") is not None:
             from .browser.image import preset_kwargs
 
-            given = preset_kwargs(given)
+            given = preset_kwargs(given, image=image)
         return fn(first, **given)
 
-    return call  # type: ignore[return-value]
+    return call
 
 
 def default_image() -> str:

@@ -198,11 +198,12 @@ PRESET_DEFAULTS: dict[str, Any] = {"memory": "2g", "pids": 512, "scratch_size": 
 _LOCAL_BACKENDS = ("docker", "gvisor")
 
 
-def preset_kwargs(given: dict[str, Any]) -> dict[str, Any]:
+def preset_kwargs(given: dict[str, Any], *, image: bool = True) -> dict[str, Any]:
     """``Sandbox(...)``'s arguments with the preset's defaults filled in where not given.
 
     The image is built (once) on the engine of a local Docker backend; any
     other backend needs ``image=`` (the browser image pushed where it runs).
+    ``image=False`` fills in everything but the image.
     """
     from ..config import PRESETS
     from ..runtime.docker.backend import DockerBackend
@@ -213,7 +214,7 @@ def preset_kwargs(given: dict[str, Any]) -> dict[str, Any]:
             f"preset={preset!r} is not a preset; choose one of {', '.join(map(repr, PRESETS))}"
         )
     out = {**PRESET_DEFAULTS, **given}
-    if out.get("image") is None and out.get("runtime") is None:
+    if image and out.get("image") is None and out.get("runtime") is None:
         backend = out.get("backend", "docker")
         if isinstance(backend, DockerBackend):
             out["image"] = browser_image(api=backend.api)

@@ -215,3 +215,25 @@ def wait_for_event(sb: Sandbox, before: int, host: str, kind: str, within: float
         if found or time.monotonic() > end:
             return found
         time.sleep(0.05)
+
+
+def test_async_browser_sandbox_with_the_preset_defaults(backend_name: str) -> None:
+    import anyio
+
+    from agentnest import AsyncSandbox
+    from agentnest.config import MiB
+
+    async def main() -> tuple[str, str, int, int]:
+        async with AsyncSandbox.create(preset="browser", backend=backend_name, timeout=300) as sb:
+            browser = await sb.browser()
+            await browser.set_content("<title>async</title><p>awaited page</p>")
+            text = await browser.text("p")
+            shot = await browser.screenshot()
+            config = sb.config
+            assert config.preset == "browser" and config.limits.pids == 512
+            return text, config.image, config.limits.memory, shot.width
+
+    text, image, memory, width = anyio.run(main)
+    assert text == "awaited page" and width == 1280
+    assert memory == 2048 * MiB  # the preset's default, not AsyncSandbox.create's 512m
+    assert image.startswith("agentnest/template:")
