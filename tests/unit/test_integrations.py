@@ -48,7 +48,7 @@ from agentnest.git import (
 )
 from agentnest.guard import ApprovalRequest
 from agentnest.integrations import RunOutput, SandboxRunner
-from agentnest.integrations.base import bound_text
+from agentnest.integrations._text import bound_text
 from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
 from agentnest.testing.process import LocalAgent
 
