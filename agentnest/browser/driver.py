@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import struct
@@ -207,7 +208,7 @@ class Browser:
         if self._session is not None and not self._session.closed:
             return self._session
         session = self._sandbox.python_session(name=SESSION_NAME)
-        source = resources.files("agentnest.agent").joinpath("browser.py").read_text(encoding="utf-8")
+        source = _driver_source()
         artifacts = self._sandbox.config.workdir.rstrip("/") + "/" + SCREENSHOT_DIR
         setup = (
             source
@@ -404,13 +405,14 @@ class Browser:
     def close(self) -> None:
         """Close the browser and its session (the next action starts them again)."""
         with self._lock:
-            if self._session is not None and not self._session.closed:
-                try:
-                    self._session.run('__agentnest_browser__.call(\'{"op": "close"}\')', timeout=30)
-                finally:
-                    self._session.close()
-            self._session = None
+            session, self._session = self._session, None
             self._started = False
+            if session is not None and not session.closed:
+                # Best effort: a session that is already gone has no browser left to close.
+                with contextlib.suppress(AgentNestError):
+                    session.run('__agentnest_browser__.call(\'{"op": "close"}\')', timeout=30)
+                with contextlib.suppress(AgentNestError):
+                    session.close()
 
     def __enter__(self) -> Browser:
         return self
@@ -420,6 +422,12 @@ class Browser:
 
     def _t(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else _timeout(timeout)
+
+
+@functools.cache
+def _driver_source() -> str:
+    """``agent/browser.py``, sent into the session once per :class:`Browser`."""
+    return resources.files("agentnest.agent").joinpath("browser.py").read_text(encoding="utf-8")
 
 
 def _text(value: object, limit: int) -> str:

@@ -27,12 +27,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError, TemplateBuildError
-from ..templates import BuildEvent, ProgressCallback, Template
+from ..templates import BuildEvent, ProgressCallback, Template, _add_tag, _image_tag
 
 #: The stable name of the newest browser image on the engine.
 BROWSER_IMAGE = "agentnest/preset:browser"
@@ -54,7 +55,8 @@ BASE_PYTHON = "3.11"
 DOWNLOAD_TIMEOUT = 900.0
 
 _lock = threading.Lock()
-_built: dict[str, str] = {}
+#: The tag each engine client found or built in this process (gone with the client).
+_built: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def setup_source() -> str:
@@ -100,10 +102,16 @@ def browser_wheels(arch: str = "x86_64", *, version: str = PLAYWRIGHT_VERSION) -
     directory = _cache_dir() / f"playwright-{version}-{arch}"
     if _has_wheels(directory, version):
         return directory
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    # Download into a fresh directory and rename it into place: a download
-    # that stops half-way never looks like a complete cache.
-    staging = Path(tempfile.mkdtemp(prefix=".download-", dir=directory.parent))
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        # Download into a fresh directory and rename it into place: a download
+        # that stops half-way never looks like a complete cache.
+        staging = Path(tempfile.mkdtemp(prefix=".download-", dir=directory.parent))
+    except OSError as exc:
+        raise TemplateBuildError(
+            f"cannot keep Playwright's wheels in {str(directory.parent)!r} ({exc.strerror}); "
+            f"set XDG_CACHE_HOME to a writable directory, or ${WHEELS_ENV} to a directory of the wheels"
+        ) from None
     argv = [
         sys.executable,
         "-m",
@@ -133,6 +141,11 @@ def browser_wheels(arch: str = "x86_64", *, version: str = PLAYWRIGHT_VERSION) -
         raise TemplateBuildError(
             f"fetching Playwright's wheels took more than {DOWNLOAD_TIMEOUT:g} s; set ${WHEELS_ENV}"
         ) from None
+    except OSError as exc:  # pip could not be started, or the rename failed
+        raise TemplateBuildError(
+            f"could not fetch Playwright {version}'s wheels ({exc}); "
+            f"download them where PyPI is reachable and set ${WHEELS_ENV} to their directory"
+        ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -158,7 +171,10 @@ def browser_template(wheels: str | os.PathLike[str], base_image: str | None = No
 
 def engine_arch(api: Any) -> str:
     """The engine's CPU architecture, as Python wheels name it."""
-    arch = str(api.info().get("Architecture") or "x86_64")
+    from ..runtime.docker.engine import map_docker_errors
+
+    with map_docker_errors("asking the engine for its architecture"):
+        arch = str(api.info().get("Architecture") or "x86_64")
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
 
 
@@ -176,17 +192,16 @@ def browser_image(*, api: Any = None, progress: ProgressCallback | None = None, 
     from ..runtime.docker.builder import default_api
 
     api = api if api is not None else default_api()
-    key = str(id(api))
     with _lock:
-        if key in _built and not force:
+        known = _built.get(api)
+        if known is not None and not force:
             if progress is not None:
-                progress(BuildEvent("cached", f"{_built[key]} was checked in this process: nothing to build"))
-            return _built[key]
+                progress(BuildEvent("cached", f"{known} was checked in this process: nothing to build"))
+            return known
         template = browser_template(browser_wheels(engine_arch(api)))
         tag = template.build(api=api, progress=progress, force=force)
-        repository, name = BROWSER_IMAGE.split(":")
-        api.tag(tag, repository, name, force=True)
-        _built[key] = tag
+        _add_tag(api, tag, *_image_tag(BROWSER_IMAGE))
+        _built[api] = tag
         return tag
 
 

@@ -394,10 +394,8 @@ class SandboxRunner:
                 partial = exc.result if isinstance(exc.result, SessionResult) else None
                 note = self._restart_session(str(exc))
                 return self._python_output(partial, lost=note)
-            except PolicyDeniedError as exc:
-                return self._denied(exc)
-            except ChannelError as exc:
-                return self._failed(f"the sandbox's agent was lost: {exc}")
+            except (PolicyDeniedError, ChannelError) as exc:
+                return self._refused(exc)
             return self._python_output(result)
 
     def _run_once(self, code: str, limit: float) -> RunOutput:
@@ -586,10 +584,8 @@ class SandboxRunner:
                 content = self._sandbox.read_file(path)
             except FileAccessError as exc:
                 return self._failed(f"cannot read {path!r}: {exc}")
-            except PolicyDeniedError as exc:
-                return self._denied(exc)
-            except ChannelError as exc:
-                return self._failed(f"the sandbox's agent was lost: {exc}")
+            except (PolicyDeniedError, ChannelError) as exc:
+                return self._refused(exc)
         text, cut = bound_text(content, self.max_output_chars)
         return RunOutput(text=text, ok=True, stdout=content, truncated=cut)
 
@@ -602,10 +598,8 @@ class SandboxRunner:
                 self._sandbox.write_file(path, content)
             except FileAccessError as exc:
                 return self._failed(f"cannot write {path!r}: {exc}")
-            except PolicyDeniedError as exc:
-                return self._denied(exc)
-            except ChannelError as exc:
-                return self._failed(f"the sandbox's agent was lost: {exc}")
+            except (PolicyDeniedError, ChannelError) as exc:
+                return self._refused(exc)
         size = len(content.encode("utf-8"))
         return RunOutput(text=f"wrote {size} bytes to {path}", ok=True)
 
@@ -659,10 +653,8 @@ class SandboxRunner:
             except ConfigurationError as exc:
                 # The URL is the model's: a bad one is an answer it can fix.
                 return self._failed(f"browse {url[:200]!r}: {exc}")
-            except PolicyDeniedError as exc:
-                return self._denied(exc)
-            except ChannelError as exc:
-                return self._failed(f"the sandbox's agent was lost: {exc}")
+            except (PolicyDeniedError, ChannelError) as exc:
+                return self._refused(exc)
         text, cut = format_browse(result, self.max_output_chars)
         return RunOutput(
             text=text,
@@ -728,6 +720,12 @@ class SandboxRunner:
             raise exc
         reason = str(exc)
         return RunOutput(text=f"denied: {reason}", ok=False, error=reason, denied=True)
+
+    def _refused(self, exc: PolicyDeniedError | ChannelError) -> RunOutput:
+        """A call the policy refused, or whose agent was lost, as an answer."""
+        if isinstance(exc, PolicyDeniedError):
+            return self._denied(exc)
+        return self._failed(f"the sandbox's agent was lost: {exc}")
 
     def _failed(self, reason: str, *, timed_out: bool = False) -> RunOutput:
         text, cut = bound_text(reason, self.max_output_chars)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -296,3 +297,21 @@ def test_wheels_from_a_directory_that_lacks_them_say_how_to_fill_it(
     monkeypatch.delenv(image.WHEELS_ENV)
     with pytest.raises(TemplateBuildError, match="architecture"):
         image.browser_wheels("s390x")
+
+
+def test_a_cache_that_cannot_be_written_or_a_pip_that_cannot_start_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(image.WHEELS_ENV, raising=False)
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the cache directory would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    with pytest.raises(TemplateBuildError, match="XDG_CACHE_HOME") as info:
+        image.browser_wheels("x86_64")
+    assert info.value.__cause__ is None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    with pytest.raises(TemplateBuildError, match=image.WHEELS_ENV):
+        image.browser_wheels("x86_64")
+    # The half-made download directory is gone; nothing pretends to be a cache.
+    assert list((tmp_path / "cache" / "agentnest" / "wheels").iterdir()) == []
