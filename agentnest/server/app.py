@@ -142,7 +142,11 @@ class BodyLimit:
     def _limit_for(self, scope: Mapping[str, Any]) -> int:
         path = str(scope.get("path", ""))
         method = scope.get("method")
-        if (method == "PUT" and "/files/" in path) or (method == "POST" and path.endswith("/restore")):
+        if (
+            (method == "PUT" and "/files/" in path)
+            or (method == "POST" and path.endswith("/restore"))
+            or (method == "POST" and path == "/files")  # the E2B face's uploads
+        ):
             return self.upload_limit
         return self.limit
 
@@ -172,6 +176,26 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+class _Wrap:
+    """ASGI middleware from a function that wraps an application."""
+
+    def __init__(self, app: Any, wrap: Any) -> None:
+        self._app = wrap(app)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)
+
+
+def _e2b_face(service: Service, settings: ServerSettings) -> Any:
+    """The E2B face (:mod:`agentnest.server.e2b`), or None where its library cannot be had."""
+    try:
+        from .e2b.face import E2BFace
+    except ImportError as exc:  # connectrpc needs Python 3.11; the native API serves on
+        log.warning("the E2B API is off: %s (pip install 'agentnest[server]' on Python 3.11 or later)", exc)
+        return None
+    return E2BFace(service, settings)
 
 
 def create_app(settings: ServerSettings) -> FastAPI:
@@ -240,6 +264,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
         **fastapi_options(),
     )
     app.state.service = service
+    if settings.e2b:
+        e2b = _e2b_face(service, settings)
+        if e2b is not None:
+            # Inside the body limit (E2B uploads get the upload limit), outside the routes.
+            app.add_middleware(_Wrap, wrap=e2b.wrap)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, upload_limit=settings.max_upload_bytes)
     # Before the body limit and the routes: a request for a sandbox another replica runs goes
     # there whole (that replica applies its own limits and checks the token).

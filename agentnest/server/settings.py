@@ -14,6 +14,7 @@ from ..events import Observer
 from ..runtime.base import RuntimeBackend
 from .admission import DEFAULT_AGING, DEFAULT_MAX_QUEUE
 from .auth import TokenStore
+from .e2b.state import DEFAULT_TEMPLATES, E2BTemplate
 from .pools import PoolSpec, pool_specs
 
 #: JSON bodies larger than this are refused with 413 before they are read.
@@ -70,6 +71,11 @@ class ServerSettings:
         advertise_url: where the other replicas reach this server (``http://10.0.0.7:8700``):
             requests for its sandboxes that reach them are forwarded here
             (:mod:`agentnest.server.forward`).  ``None``: not reachable; they answer 404.
+        e2b: serve the E2B-compatible API on the same port (:mod:`agentnest.server.e2b`, docs/e2b.md).
+        e2b_templates: what each E2B template name means here (:class:`~agentnest.server.e2b.E2BTemplate`:
+            a warm pool, or an image and backend); ``base`` and ``code-interpreter-v1`` by default.
+        e2b_domain: the domain of E2B host names ``{port}-{id}.{domain}`` this server answers
+            (``E2B_DOMAIN`` clients, behind a TLS proxy); ``None``: header routing only.
     """
 
     tokens: TokenStore
@@ -99,6 +105,11 @@ class ServerSettings:
     leader_lease: float = 15.0
     advertise_url: str | None = None
     verify_interval: float = 10.0
+    e2b: bool = True
+    e2b_templates: Mapping[str, E2BTemplate] = dataclasses.field(
+        default_factory=lambda: dict(DEFAULT_TEMPLATES)
+    )
+    e2b_domain: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, TokenStore):
@@ -123,6 +134,12 @@ class ServerSettings:
             raise ConfigurationError(
                 f"advertise_url={self.advertise_url!r} must be http://HOST:PORT or https://HOST:PORT "
                 "(where the other replicas reach this server), with no path"
+            )
+        if not all(isinstance(n, str) and isinstance(t, E2BTemplate) for n, t in self.e2b_templates.items()):
+            raise ConfigurationError("e2b_templates must map template names to E2BTemplate objects")
+        if self.e2b_domain is not None and not re.fullmatch(r"[a-z0-9.-]{1,200}", self.e2b_domain):
+            raise ConfigurationError(
+                f"e2b_domain={self.e2b_domain!r} must be a DNS domain such as 'sandbox.example.org'"
             )
         pool_specs(self.pools)  # unique names
         if not all(isinstance(p, PoolSpec) for p in self.pools):

@@ -1,0 +1,359 @@
+"""The code interpreter's ``POST /execute`` (NDJSON) and ``/contexts``, served by AgentNest's Python sessions.
+
+A context is a persistent :class:`~agentnest.AsyncPythonSession` of the
+sandbox (counted in its session limit, closed with it); the default one is
+opened on the first run without a context.  Output streams as it comes
+(secrets redacted by the guard); display items (``display()``, figures,
+objects with ``_repr_png_`` and friends) and the trailing expression's value
+become ``result`` lines with E2B's MIME keys; an exception becomes the
+``error`` line.  Python only: another language is answered with a clear
+400.  A client that goes away interrupts the run (``KeyboardInterrupt``),
+as the E2B server interrupts its kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from ...aio import AsyncPythonSession
+from ...errors import AgentNestError
+from ...session import DisplayItem, SessionResult
+from ..service import MAX_SESSIONS
+from .state import Box
+
+#: Seconds between keepalive lines while a run is quiet (the E2B server's).
+KEEPALIVE = 5.0
+#: Largest piece of code one run takes (characters).
+MAX_CODE = 1 << 20
+_LANGUAGES = {"python", "py", "python3"}
+_MIME_KEYS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+}
+
+
+@dataclass
+class Context:
+    id: str
+    cwd: str
+    session: AsyncPythonSession
+    count: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def out(self, owner: Box) -> dict[str, str]:
+        return {"id": self.id, "language": "python", "cwd": owner.e2b_path(self.cwd)}
+
+
+class ExecuteIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    code: str = Field(max_length=MAX_CODE)
+    context_id: str | None = Field(default=None, max_length=128)
+    language: str | None = Field(default=None, max_length=64)
+    env_vars: dict[str, str] | None = Field(default=None, max_length=1024)
+
+
+class ContextIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    language: str | None = Field(default=None, max_length=64)
+    cwd: str | None = Field(default=None, max_length=4096)
+
+
+def _language_problem(language: str | None) -> str | None:
+    if language is None or language.lower() in _LANGUAGES:
+        return None
+    return (
+        f"language {language[:40]!r} is not available: AgentNest's code interpreter runs Python only "
+        "(run other languages with sandbox.commands.run)"
+    )
+
+
+class Interpreter:
+    """Contexts and runs of every sandbox (state lives in each :class:`Box`)."""
+
+    def __init__(self) -> None:
+        self._opening: dict[str, asyncio.Lock] = {}
+
+    async def _open(self, owner: Box, cwd: str | None) -> Context:
+        entry = owner.entry
+        if len(entry.sessions) >= MAX_SESSIONS:
+            raise _Refused(429, f"a sandbox has at most {MAX_SESSIONS} sessions; remove a context first")
+        session = await entry.sandbox.python_session()
+        entry.sessions[session.id] = session
+        where = owner.sandbox_path(cwd)
+        context = Context(session.id, where, session)
+        if where != owner.workdir:
+            try:
+                result = await session.run(f"import os as _o; _o.chdir({where!r}); del _o", timeout=30)
+            except AgentNestError:
+                await self._drop(owner, context)
+                raise
+            if result.error is not None:
+                await self._drop(owner, context)
+                raise _Refused(
+                    400, f"cannot use {cwd!r} as the working directory: {result.error.strip()[-300:]}"
+                )
+        owner.contexts[context.id] = context
+        return context
+
+    async def _drop(self, owner: Box, context: Context) -> None:
+        owner.contexts.pop(context.id, None)
+        owner.entry.sessions.pop(context.id, None)
+        try:
+            await context.session.close()
+        except AgentNestError:
+            pass  # the sandbox is going, its sessions with it
+
+    async def _default(self, owner: Box) -> Context:
+        lock = self._opening.setdefault(owner.id, asyncio.Lock())
+        async with lock:
+            context = owner.contexts.get(owner.default_context or "")
+            if context is None:
+                context = await self._open(owner, None)
+                owner.default_context = context.id
+            return context
+
+    async def execute(self, request: Request, owner: Box) -> Response:
+        try:
+            body = ExecuteIn.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return PlainTextResponse(f"malformed request: {exc.errors()[0].get('msg', 'invalid')}", 400)
+        if body.context_id is not None and body.language is not None:
+            return PlainTextResponse(
+                "You can provide context_id or language, but not both at the same time.", 400
+            )
+        problem = _language_problem(body.language)
+        if problem is not None:
+            return PlainTextResponse(problem, 400)
+        try:
+            if body.context_id is not None:
+                context = owner.contexts.get(body.context_id)
+                if context is None:
+                    return PlainTextResponse(f"Context {body.context_id[:128]} not found", 404)
+            else:
+                context = await self._default(owner)
+        except _Refused as exc:
+            return PlainTextResponse(exc.message, exc.status)
+        except AgentNestError as exc:
+            return PlainTextResponse(f"cannot open the Python session: {exc}", 502)
+        return StreamingResponse(
+            self._run(owner, context, body),
+            media_type="application/x-ndjson",
+            headers={"Cache-Control": "no-store"},
+        )
+
+    async def _run(self, owner: Box, context: Context, body: ExecuteIn) -> AsyncIterator[bytes]:
+        async with context.lock:  # one run at a time per context, in order
+            context.count += 1
+            yield _line({"type": "number_of_executions", "execution_count": context.count})
+            session = context.session
+            with owner.entry.lease.held():
+                if body.env_vars:
+                    error = await _set_env(session, body.env_vars)
+                    if error is not None:
+                        yield _line(error)
+                        yield _end()
+                        return
+                try:
+                    async for line in _stream(session, body.code):
+                        yield line
+                finally:
+                    if body.env_vars:
+                        await _restore_env(session)
+            yield _end()
+
+    # -- contexts ------------------------------------------------------------------
+
+    async def contexts(self, request: Request, owner: Box, rest: str) -> Response:
+        method = request.method
+        if rest == "" and method == "GET":
+            return JSONResponse([c.out(owner) for c in owner.contexts.values()])
+        if rest == "" and method == "POST":
+            try:
+                body = ContextIn.model_validate_json(await request.body() or b"{}")
+            except ValidationError as exc:
+                return PlainTextResponse(f"malformed request: {exc.errors()[0].get('msg', 'invalid')}", 400)
+            problem = _language_problem(body.language)
+            if problem is not None:
+                return PlainTextResponse(problem, 400)
+            try:
+                context = await self._open(owner, body.cwd)
+            except _Refused as exc:
+                return PlainTextResponse(exc.message, exc.status)
+            except AgentNestError as exc:
+                return PlainTextResponse(f"cannot open the Python session: {exc}", 502)
+            return JSONResponse(context.out(owner))
+        context_id, _, action = rest.partition("/")
+        found = owner.contexts.get(context_id)
+        if found is None:
+            return PlainTextResponse(f"Context {context_id[:128]} not found", 404)
+        context = found
+        try:
+            if method == "DELETE" and not action:
+                await self._drop(owner, context)
+                return Response(status_code=204)
+            if method == "POST" and action == "restart":
+                async with context.lock:
+                    await context.session.reset()
+                    context.count = 0
+                    if context.cwd != owner.workdir:
+                        await context.session.run(
+                            f"import os as _o; _o.chdir({context.cwd!r}); del _o", timeout=30
+                        )
+                return Response(status_code=204)
+        except AgentNestError as exc:
+            return PlainTextResponse(f"the Python session failed: {exc}", 502)
+        return PlainTextResponse(f"{method} /contexts/{rest[:100]} is not a route", 404)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _line(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def _end() -> bytes:
+    return _line({"type": "end_of_execution"})
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+async def _set_env(session: AsyncPythonSession, env: dict[str, str]) -> dict[str, Any] | None:
+    code = (
+        "import os as _o\n"
+        f"_agentnest_env_saved = {{k: _o.environ.get(k) for k in {list(env)!r}}}\n"
+        f"_o.environ.update({env!r})\n"
+        "del _o\n"
+    )
+    result = await session.run(code, timeout=30)
+    return None if result.error is None else _error(result.error)
+
+
+async def _restore_env(session: AsyncPythonSession) -> None:
+    code = (
+        "import os as _o\n"
+        "for _k, _v in _agentnest_env_saved.items():\n"
+        "    _o.environ.pop(_k, None) if _v is None else _o.environ.__setitem__(_k, _v)\n"
+        "del _o, _k, _v, _agentnest_env_saved\n"
+    )
+    try:
+        await session.run(code, timeout=30)
+    except AgentNestError:
+        pass  # the session is gone: nothing left to restore
+
+
+async def _stream(session: AsyncPythonSession, code: str) -> AsyncIterator[bytes]:
+    """The run's lines: output as it comes (keepalives while quiet), then results and the error."""
+    queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+    stream = session.stream(code, timeout=None)
+
+    async def pump() -> None:
+        try:
+            async for chunk in stream:
+                if chunk.data:
+                    queue.put_nowait(_line({"type": chunk.stream, "text": chunk.data, "timestamp": _now()}))
+        except BaseException as exc:  # handed to the reader, which raises or reports it
+            queue.put_nowait(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        else:
+            queue.put_nowait(None)
+
+    task = asyncio.ensure_future(pump())
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), KEEPALIVE)
+            except asyncio.TimeoutError:
+                yield _line({"type": "keepalive"})
+                continue
+            if item is None:
+                break
+            if isinstance(item, AgentNestError):
+                yield _line(
+                    {"type": "error", "name": type(item).__name__, "value": str(item), "traceback": str(item)}
+                )
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        if not task.done():
+            # The client went away mid-run: interrupt the code (the session stays).
+            await stream.aclose()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    result = stream.result
+    if result is not None:
+        for doc in _results(result):
+            yield _line(doc)
+        if result.error is not None:
+            yield _line(_error(result.error))
+
+
+def _bundles(items: tuple[DisplayItem, ...]) -> list[dict[str, Any]]:
+    bundles: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    for item in items:
+        key = _MIME_KEYS.get(item.mime)
+        value: Any = item.data
+        if key == "json":
+            try:
+                value = json.loads(item.data)
+            except ValueError:
+                key = None
+        if key is None:
+            if "extra" in current and item.mime in current["extra"]:
+                bundles.append(current)
+                current = {}
+            current.setdefault("extra", {})[item.mime] = item.data
+            continue
+        if key in current:
+            bundles.append(current)
+            current = {}
+        current[key] = value
+    if current:
+        bundles.append(current)
+    return bundles
+
+
+def _results(result: SessionResult) -> list[dict[str, Any]]:
+    docs = [{"type": "result", "is_main_result": False, **bundle} for bundle in _bundles(result.display)]
+    if result.result is not None:
+        docs.append({"type": "result", "is_main_result": True, "text": result.result})
+    return docs
+
+
+def _error(traceback: str) -> dict[str, Any]:
+    """E2B's error line from a formatted traceback: the last line is ``Name: value``."""
+    lines = [line for line in traceback.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else "Error"
+    name, sep, value = last.partition(":")
+    if not sep or " " in name.strip():
+        name, value = "Error", last
+    return {"type": "error", "name": name.strip(), "value": value.strip(), "traceback": traceback}

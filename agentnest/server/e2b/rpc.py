@@ -1,0 +1,94 @@
+"""Shared by the data-plane services: the request's sandbox, errors as E2B clients expect them, keepalives."""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+
+from ...errors import (
+    AgentNestError,
+    ExecutionTimeoutError,
+    FileAccessError,
+    FileTooLargeError,
+    SandboxDestroyedError,
+    SandboxPausedError,
+)
+from .. import schemas as s
+from .state import Box, basic_user, user_problem
+
+#: The sandbox of the data-plane request being served (set by the dispatcher,
+#: after it checked the sandbox's access token).
+CURRENT: contextvars.ContextVar[Box] = contextvars.ContextVar("agentnest_e2b_box")
+#: Seconds between keepalive events on a quiet stream unless the client asks
+#: (``Keepalive-Ping-Interval``); envd's default is 90, the SDK asks for 50.
+KEEPALIVE = 50.0
+
+
+def box() -> Box:
+    return CURRENT.get()
+
+
+def not_found_message(sandbox_id: str) -> str:
+    # "was not found" is what the SDK looks for to tell a sandbox that is gone
+    # (SandboxNotRunningException) from one it cannot reach.
+    return f"The sandbox {sandbox_id[:64]} was not found"
+
+
+def _file_code(exc: FileAccessError) -> Code:
+    if exc.code == "not_found":
+        return Code.NOT_FOUND
+    if exc.code in ("exists", "not_empty"):
+        return Code.ALREADY_EXISTS
+    if exc.code in ("outside_workspace", "symlink", "permission", "read_only"):
+        return Code.PERMISSION_DENIED
+    if exc.code in ("no_space", "quota"):
+        return Code.RESOURCE_EXHAUSTED
+    return Code.INVALID_ARGUMENT
+
+
+def connect_error(exc: AgentNestError) -> ConnectError:
+    """An AgentNest error as the Connect error an E2B client maps to its own exception."""
+    if isinstance(exc, FileTooLargeError):
+        return ConnectError(Code.INVALID_ARGUMENT, str(exc))
+    if isinstance(exc, FileAccessError):
+        return ConnectError(_file_code(exc), str(exc))
+    if isinstance(exc, SandboxDestroyedError):
+        return ConnectError(Code.UNAVAILABLE, f"{not_found_message(box().id)}: {exc}")
+    if isinstance(exc, SandboxPausedError):
+        return ConnectError(Code.FAILED_PRECONDITION, f"the sandbox is paused: {exc}")
+    if isinstance(exc, ExecutionTimeoutError):
+        return ConnectError(Code.DEADLINE_EXCEEDED, str(exc))
+    status = s.ERROR_CODES[s.error_code(exc)][0]
+    code = {
+        400: Code.INVALID_ARGUMENT,
+        401: Code.UNAUTHENTICATED,
+        403: Code.PERMISSION_DENIED,
+        404: Code.NOT_FOUND,
+        408: Code.DEADLINE_EXCEEDED,
+        409: Code.FAILED_PRECONDITION,
+        410: Code.UNAVAILABLE,
+        413: Code.INVALID_ARGUMENT,
+        429: Code.RESOURCE_EXHAUSTED,
+        501: Code.UNIMPLEMENTED,
+        503: Code.UNAVAILABLE,
+    }.get(status, Code.INTERNAL)
+    return ConnectError(code, str(exc))
+
+
+def check_user(ctx: Any) -> None:
+    """Refuse a user other than the sandbox's own (``Authorization: Basic``)."""
+    problem = user_problem(basic_user(ctx.request_headers.get("authorization")))
+    if problem is not None:
+        code = Code.PERMISSION_DENIED if "root" in problem else Code.UNAUTHENTICATED
+        raise ConnectError(code, problem)
+
+
+def keepalive_interval(ctx: Any) -> float:
+    try:
+        asked = float(ctx.request_headers.get("keepalive-ping-interval", KEEPALIVE))
+    except ValueError:
+        asked = KEEPALIVE
+    return min(max(asked, 1.0), 90.0)
