@@ -148,6 +148,25 @@ def register(commands: Commands) -> None:
         "$AGENTNEST_ADVERTISE_URL, else http://HOST:PORT when --host is a specific address)",
     )
     parser.add_argument(
+        "--no-e2b",
+        action="store_true",
+        help="do not serve the E2B-compatible API on this port (docs/e2b.md); it is on by default",
+    )
+    parser.add_argument(
+        "--e2b-template",
+        action="append",
+        default=None,
+        metavar="NAME=WHAT",
+        help="what an E2B template name means here: NAME=pool:POOL, NAME=image:IMAGE[@BACKEND] or "
+        "NAME=default (repeatable; default: base and code-interpreter-v1 on the default image)",
+    )
+    parser.add_argument(
+        "--e2b-domain",
+        default=None,
+        metavar="DOMAIN",
+        help="answer E2B host names {port}-{id}.DOMAIN too (E2B_DOMAIN clients, behind a TLS proxy)",
+    )
+    parser.add_argument(
         "--no-migrate",
         action="store_true",
         help="do not migrate the database at start; refuse to serve until `serve db upgrade` has",
@@ -568,7 +587,21 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         server_timeout=args.server_timeout,
         leader_lease=args.leader_lease,
         advertise_url=_advertise_url(args),
+        e2b=not args.no_e2b,
+        e2b_templates=_e2b_templates(args.e2b_template),
+        e2b_domain=args.e2b_domain,
     )
+
+
+def _e2b_templates(given: list[str] | None) -> dict[str, Any]:
+    from ..server.e2b import DEFAULT_TEMPLATES, E2BTemplate
+
+    if not given:
+        return dict(DEFAULT_TEMPLATES)
+    templates = dict(E2BTemplate.parse(text) for text in given)
+    if len(templates) != len(given):
+        raise ConfigurationError("each --e2b-template NAME may be given once")
+    return templates
 
 
 def _advertise_url(args: argparse.Namespace) -> str | None:
@@ -663,14 +696,18 @@ def handle_create(args: argparse.Namespace) -> int:
     token, secret = store.create(
         args.name, ceiling, expires_in=args.expires_in, tenant=args.tenant, admin=args.admin
     )
+    from ..server.e2b import e2b_key
+
     if args.json:
-        print(json.dumps({**token.to_dict(), "secret": secret}, indent=1))
+        print(json.dumps({**token.to_dict(), "secret": secret, "e2b_api_key": e2b_key(secret)}, indent=1))
     else:
         print(secret)
         print(
             f"token {token.id} ({token.name}, tenant {token.tenant}{', admin' if token.admin else ''}) "
             f"stored hashed in {store.path}; the secret above is shown only now.  "
-            f"Ceiling: {ceiling.describe()}",
+            f"Ceiling: {ceiling.describe()}\n"
+            # Every E2B SDK takes this form (2.25 to 2.45 take no other); the secret works from 2.46.
+            f"For E2B SDKs: E2B_API_KEY={e2b_key(secret)}",
             file=sys.stderr,
         )
     return 0
