@@ -44,6 +44,10 @@ OWNER_TTL = 30.0
 #: Seconds to connect to the other replica.
 CONNECT_TIMEOUT = 5.0
 _PATH = re.compile(r"^/v1/sandboxes/([^/]{1,64})(?:/|$)")
+# The E2B face (agentnest.server.e2b): its control plane names the sandbox in the path,
+# its data plane in a header.
+_E2B_PATH = re.compile(r"^/(?:v2/)?sandboxes/([^/]{1,64})(?:/|$)")
+_E2B_HEADER = b"e2b-sandbox-id"
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the relay sets itself.
 _HOP = frozenset(
     {
@@ -63,6 +67,19 @@ _HOP = frozenset(
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+def _sandbox_of(scope: Scope) -> str | None:
+    """The sandbox a request is for: a native or E2B path, or E2B's routing header."""
+    path = str(scope.get("path", ""))
+    match = _PATH.match(path) or _E2B_PATH.match(path)
+    if match is not None:
+        return match.group(1)
+    for key, value in scope.get("headers", ()):
+        if key == _E2B_HEADER:
+            text = value.decode("latin-1")
+            return text if 0 < len(text) <= 64 and "/" not in text else None
+    return None
 
 
 class Forward:
@@ -101,12 +118,11 @@ class Relay:
         recorder = service.recorder
         if service.shared is None or recorder is None:
             return None  # one server (or no shared database): nothing runs elsewhere
-        match = _PATH.match(str(scope.get("path", "")))
-        if match is None or match.group(1) in service.entries:
+        sandbox_id = _sandbox_of(scope)
+        if sandbox_id is None or sandbox_id in service.entries:
             return None
         if any(key == FORWARDED for key, _ in scope.get("headers", ())):
             return None
-        sandbox_id = match.group(1)
         known = self._owners.get(sandbox_id)
         now = time.monotonic()
         if known is not None and known[1] > now:

@@ -351,6 +351,25 @@ def test_every_replica_serves_every_sandbox(replicas: tuple[Replica, Replica, st
                 channel.close()
         finally:
             remote.close()
+
+        # The E2B face too: its control plane (the id in the path) and its data plane (the id
+        # in a header) reach the replica that runs the sandbox.
+        e2b = {"X-API-KEY": secret}
+        connected = httpx.post(f"{second.url}/v2/sandboxes/{sid}/connect", json={}, headers=e2b, timeout=60)
+        assert connected.status_code == 200, connected.text
+        data = {
+            "E2b-Sandbox-Id": sid,
+            "E2b-Sandbox-Port": "49983",
+            "X-Access-Token": connected.json()["envdAccessToken"],
+        }
+        listed = httpx.post(
+            f"{second.url}/filesystem.Filesystem/ListDir",
+            json={"path": "/home/user"},
+            headers=data,
+            timeout=60,
+        )
+        assert listed.status_code == 200, listed.text
+        assert "blob.bin" in {e["name"] for e in listed.json()["entries"]}
         assert b.delete(f"/v1/sandboxes/{sid}").status_code == 200
         assert a.get(f"/v1/sandboxes/{sid}").status_code == 404
 
