@@ -5,7 +5,7 @@ the face itself (:mod:`.face`, which :func:`agentnest.server.app.create_app`
 mounts) needs ``connectrpc`` (Python 3.11 or later).  docs/e2b.md explains
 the mapping.
 
-.. versionadded:: 0.5.0
+.. versionadded:: 0.4.0
 """
 
 from .state import DEFAULT_TEMPLATES, ENVD_VERSION, HOME, E2BTemplate, e2b_key
