@@ -169,6 +169,10 @@ def test_malformed_requests_get_the_errors_clients_expect(live: Live) -> None:
         r = c.get("/v2/sandboxes", params={"limit": "0"})
         assert r.status_code == 400
         assert c.get("/sandboxes/x/metrics").status_code == 501
+        old = c.get("/v2/sandboxes", headers={"User-Agent": "e2b-python-sdk/2.20.1"})
+        assert (
+            old.status_code == 400 and "2.20.1" in old.json()["message"] and "2.35.0" in old.json()["message"]
+        )
     with live.api(None) as c:
         assert c.get("/sandboxes/x/metrics").status_code == 401  # nothing told before the key
     sandbox = live.create(live.alice)

@@ -14,6 +14,7 @@ A sandbox of another token is 404, exactly as one that never existed.
 from __future__ import annotations
 
 import base64
+import re
 import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -35,6 +36,10 @@ from .state import ENVD_VERSION, Box, E2BTemplate, secret_of
 if TYPE_CHECKING:
     from .face import E2BFace
 
+#: The oldest Python SDK served: 2.35 moved envd calls to the official ``connectrpc``
+#: client; the vendored client before it fails on response fields it does not know.
+MIN_SDK = (2, 35, 0)
+_SDK_AGENT = re.compile(r"e2b-python-sdk/(\d+)\.(\d+)\.(\d+)")
 #: Sandboxes one list page holds at most (E2B's own maximum).
 MAX_PAGE = 100
 #: How long a create's ``Idempotency-Key`` is remembered.
@@ -118,6 +123,14 @@ class ControlPlane:
     # -- auth ----------------------------------------------------------------------------
 
     def token(self, request: Request) -> Token:
+        agent = _SDK_AGENT.search(request.headers.get("user-agent", ""))
+        if agent is not None and tuple(int(x) for x in agent.groups()) < MIN_SDK:
+            found = ".".join(agent.groups())
+            raise E2BError(
+                400,
+                f"e2b SDK {found} is not supported by this server: use e2b 2.35.0 or later "
+                "(pip install -U e2b); docs/e2b.md lists the versions tested",
+            )
         key = request.headers.get("x-api-key")
         if not key:
             scheme, _, value = request.headers.get("authorization", "").partition(" ")
