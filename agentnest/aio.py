@@ -708,9 +708,17 @@ class AsyncSandbox:
             functools.partial(self._sandbox.list_files, path, recursive=recursive, max_entries=max_entries)
         )
 
+    async def stat(self, path: str) -> FileInfo:
+        """See :meth:`Sandbox.stat`."""
+        return await self._call(functools.partial(self._sandbox.stat, path))
+
     async def exists(self, path: str) -> bool:
         """See :meth:`Sandbox.exists`."""
         return await self._call(functools.partial(self._sandbox.exists, path))
+
+    async def rename(self, source: str, destination: str) -> None:
+        """See :meth:`Sandbox.rename`."""
+        await self._call(functools.partial(self._sandbox.rename, source, destination))
 
     async def mkdir(self, path: str, *, parents: bool = True) -> None:
         """See :meth:`Sandbox.mkdir`."""

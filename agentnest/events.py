@@ -28,6 +28,7 @@ class EventType(str, enum.Enum):
     FILE_READ = "file.read"
     FILE_WRITTEN = "file.written"
     FILE_REMOVED = "file.removed"
+    FILE_MOVED = "file.moved"
     AGENT_RESTARTED = "agent.restarted"
     SESSION_OPENED = "session.opened"
     SESSION_RAN = "session.ran"

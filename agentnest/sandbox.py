@@ -1014,17 +1014,105 @@ class Sandbox:
         # File names come from the sandbox: sandbox code can name a file after a secret.
         return [self._guard.redact_info(_file_info(e)) for e in entries]
 
-    def exists(self, path: str) -> bool:
-        """Whether ``path`` exists in the workspace (without following a final link)."""
+    def stat(self, path: str) -> FileInfo:
+        """Describe one workspace entry, without following a final link.
+
+        A symlink is reported as ``type="symlink"`` (its own size and mode), not
+        as what it points to; a link on the way to ``path`` is refused.  The
+        returned ``path`` is workspace-relative (``"."`` for the workspace
+        itself) with secrets redacted, as in :meth:`list_files`.
+
+        Example::
+
+            info = sandbox.stat("out/report.csv")
+            if info.type == "file" and info.size > 0: ...
+
+        Raises:
+            FileAccessError: ``code="not_found"`` if nothing is there;
+                ``outside_workspace``, ``symlink`` or ``not_directory`` for
+                a path that leaves the workspace or crosses a link or a file.
+            PolicyDeniedError: an approval hook refused (kind ``file.list``).
+
+        .. versionadded:: 0.4.0
+        """
         rel = self._guard.workspace_path(path)
         self._guard.approve("file.list", {"path": self._guard.absolute(rel)})
+        entry = _file_info(self._request({"t": "stat", "path": rel}).get("entry"))
+        # The name is the one asked for (the agent's echo is not needed), redacted:
+        # sandbox code can name a file after a secret.
+        info = FileInfo(rel or ".", entry.type, entry.size, entry.mode, entry.mtime)
+        return self._guard.redact_info(info)
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists in the workspace (without following a final link)."""
         try:
-            self._request({"t": "stat", "path": rel})
+            self.stat(path)
         except FileAccessError as exc:
             if exc.code == "not_found":
                 return False
             raise
         return True
+
+    def rename(self, source: str, destination: str) -> None:
+        """Move the file, link or directory ``source`` to ``destination`` in the workspace.
+
+        Parent directories of ``destination`` are created (as by
+        :meth:`write_file`); otherwise this is POSIX ``rename``: an existing
+        destination file is replaced atomically, an empty destination
+        directory is replaced by a directory, a non-empty one is refused.  A
+        link is moved (or replaced) as the link itself; a link on the way to
+        either path is refused, as everywhere in the file API.
+
+        Two approvals are asked, since rules match on one path: ``file.remove``
+        for ``source`` (details ``path``, ``to``) and ``file.write`` for
+        ``destination`` (details ``path``, ``from``).  Emits ``file.moved``
+        (``path``, ``to``: workspace-relative).
+
+        Example::
+
+            sandbox.write_file("draft.txt", "v2")
+            sandbox.rename("draft.txt", "final/report.txt")
+
+        Raises:
+            FileAccessError: with ``code``: ``not_found`` (no ``source``),
+                ``not_empty`` (``destination`` is a non-empty directory),
+                ``is_directory`` / ``not_directory`` (a file onto a directory
+                or the reverse), ``invalid_path`` (the workspace root as
+                either path, or a directory moved into itself),
+                ``outside_workspace``, ``symlink`` (a link on the way).
+            PolicyDeniedError: an approval hook refused.
+            UnsupportedCapabilityError: the sandbox's agent predates rename
+                (e.g. restored from an older checkpoint); recreate the sandbox.
+
+        .. versionadded:: 0.4.0
+        """
+        src = self._guard.workspace_path(source)
+        dst = self._guard.workspace_path(destination)
+        for rel, given in ((src, source), (dst, destination)):
+            if not rel:
+                raise FileAccessError(
+                    f"{given!r} is the workspace root, which cannot be moved or replaced",
+                    path=given,
+                    code="invalid_path",
+                )
+        abs_src, abs_dst = self._guard.absolute(src), self._guard.absolute(dst)
+        # Both ends asked about: a rule on the destination alone (no writes below
+        # .git/, say) must not be sidestepped by writing elsewhere and moving.
+        self._guard.approve("file.remove", {"path": abs_src, "to": abs_dst})
+        self._guard.approve("file.write", {"path": abs_dst, "from": abs_src})
+        try:
+            channel = self._ch()
+            # Fail closed on what the agent announced: an older agent (a restored
+            # checkpoint) would answer "unknown", which reads like a broken channel.
+            if channel.hello is not None and "move" not in channel.hello.capabilities:
+                raise UnsupportedCapabilityError(
+                    f"this sandbox's agent ({channel.hello.agent}) is too old for rename; "
+                    "recreate the sandbox"
+                )
+            channel.request({"t": "move", "path": src, "to": dst}, self._file_deadline())
+        except ChannelError as exc:
+            raise self._lost(exc) from None
+        self._guard.emit(EventType.FILE_MOVED, {"path": src, "to": dst})
 
     def mkdir(self, path: str, *, parents: bool = True) -> None:
         """Create a directory in the workspace."""

@@ -310,6 +310,43 @@ class Workspace:
         finally:
             os.close(pfd)
 
+    def move(self, src_rel: str, dst_rel: str) -> None:
+        """Rename ``src_rel`` to ``dst_rel`` (a file, link or directory); parents of the
+        destination are created.
+
+        POSIX ``rename`` otherwise: an existing destination file (or link, or empty
+        directory) is replaced, a non-empty directory is not.  Both parents are
+        walked like every other path, so a link on either way is refused; the final
+        components are names in those directories, and rename never follows them
+        (a link is moved or replaced as the link itself).
+        """
+        sparts = split(src_rel)
+        dparts = split(dst_rel)
+        if not sparts:
+            raise FileError("invalid_path", "refusing to move the workspace root")
+        if not dparts:
+            raise FileError("invalid_path", "refusing to move onto the workspace root")
+        # Checked on the names, before any parent is created: no link is ever
+        # followed, so a path below the source's names lies inside it.
+        if len(dparts) > len(sparts) and dparts[: len(sparts)] == sparts:
+            raise FileError("invalid_path", f"cannot move {src_rel!r} into itself ({dst_rel!r})")
+        spfd = self._walk(sparts, src_rel)
+        try:
+            # The source must exist before the destination's parents are created.
+            try:
+                os.stat(sparts[-1], dir_fd=spfd, follow_symlinks=False)
+            except OSError as exc:
+                raise _oserror(exc, src_rel) from None
+            dpfd = self._walk(dparts, dst_rel, create=True)
+            try:
+                os.rename(sparts[-1], dparts[-1], src_dir_fd=spfd, dst_dir_fd=dpfd)
+            except OSError as exc:
+                raise _move_error(exc, src_rel, dst_rel) from None
+            finally:
+                os.close(dpfd)
+        finally:
+            os.close(spfd)
+
     def remove(self, rel: str, recursive: bool) -> None:
         for _ in self.removing(rel, recursive):
             pass
@@ -339,6 +376,25 @@ class Workspace:
             raise _oserror(exc, rel) from None
         finally:
             os.close(pfd)
+
+
+def _move_error(exc: OSError, src_rel: str, dst_rel: str) -> FileError:
+    """Why a rename failed, in words that name the side at fault."""
+    import errno
+
+    if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+        # rename(2) answers either for a destination directory that has entries.
+        return FileError("not_empty", f"{dst_rel!r} is a directory that is not empty; remove it first")
+    if exc.errno == errno.EISDIR:
+        return FileError("is_directory", f"{dst_rel!r} is a directory and {src_rel!r} is not")
+    if exc.errno == errno.ENOTDIR:
+        return FileError("not_directory", f"{src_rel!r} is a directory and {dst_rel!r} is not")
+    if exc.errno == errno.EXDEV:
+        return FileError("io", f"{src_rel!r} and {dst_rel!r} are on different filesystems")
+    reason = os.strerror(exc.errno or 0)
+    if exc.errno in (errno.EINVAL, errno.EBUSY):
+        return FileError("invalid_path", f"{src_rel!r} cannot be moved to {dst_rel!r}: {reason}")
+    return FileError(_oserror(exc, src_rel).code, f"moving {src_rel!r} to {dst_rel!r}: {reason}")
 
 
 #: Entries a recursive remove takes between two turns of the agent's loop.

@@ -23,6 +23,8 @@ AGENT_VERSION = "0.4.0"
 #: it), session.list lists the live sessions; the registry lives here, in the agent.
 #: "reconnect": a "reconnect" frame (a new host connection on the same stdin, after a
 #: checkpoint restore) is answered with a fresh hello; the agent's state is kept.
+#: "move": a "move" request renames a workspace path ("path" to "to"); an agent
+#: without it (restored from an older checkpoint) answers "unknown".
 CAPABILITIES = [
     "exec",
     "stream",
@@ -33,6 +35,7 @@ CAPABILITIES = [
     "session-names",
     "pty",
     "reconnect",
+    "move",
 ]
 #: While commands or session runs are active, the agent sends at least one
 #: frame this often, so the host can tell a busy agent from a stalled channel.
@@ -388,6 +391,9 @@ class Agent:
             self.send({"t": "done", "id": rid, "entry": self.workspace.stat(h.get("path", ""))})
         elif kind == "mkdir":
             self.workspace.mkdir(h.get("path", ""), bool(h.get("parents")))
+            self.send({"t": "done", "id": rid})
+        elif kind == "move":
+            self.workspace.move(h.get("path", ""), h.get("to", ""))
             self.send({"t": "done", "id": rid})
         elif kind == "remove":
             # A tree is removed a step at a time between turns of this loop:
