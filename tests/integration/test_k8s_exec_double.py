@@ -178,6 +178,93 @@ def test_refusals_map_to_the_error_tree(api: FakeKubeAPI, target: ExecTarget) ->
     assert not isinstance(info.value, SandboxDestroyedError)
 
 
+def spying_context(api: FakeKubeAPI, calls: list[str]) -> tuple[ssl.SSLContext, list[str]]:
+    """A client TLS context whose sockets note every OpenSSL read or write that overlaps another.
+
+    Each read holds the SSL object a little longer (as a receive thread
+    preempted under load does), so an unserialised write meets it.
+    """
+    overlaps: list[str] = []
+    inside: list[str] = []
+    guard = threading.Lock()
+
+    class Spy(ssl.SSLSocket):
+        def _enter(self, name: str) -> None:
+            with guard:
+                calls.append(name)
+                if inside:
+                    overlaps.append(f"{name} while in {inside}")
+                inside.append(name)
+
+        def _leave(self, name: str) -> None:
+            with guard:
+                inside.remove(name)
+
+        def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+            self._enter("read")
+            try:
+                time.sleep(0.002)
+                return super().recv(buflen, flags)
+            finally:
+                self._leave("read")
+
+        def send(self, data: Any, flags: int = 0) -> int:
+            self._enter("write")
+            try:
+                return super().send(data, flags)
+            finally:
+                self._leave("write")
+
+    context = api.ssl_context()
+    context.set_alpn_protocols(["http/1.1"])
+    context.sslsocket_class = Spy
+    return context, overlaps
+
+
+def test_tls_reads_and_writes_never_overlap(api: FakeKubeAPI, target: ExecTarget) -> None:
+    # websockets' sync connection reads in its own thread while the caller
+    # writes; over TLS that is two threads in one OpenSSL SSL object, which
+    # OpenSSL forbids, and it lost the upgrade request now and then: the
+    # receive thread was processing the server's TLS 1.3 session tickets
+    # when the request was written, SSL_write said "all sent" and nothing
+    # went out ("did not answer the exec in time", ~1 in 500 execs under
+    # load).  The client serialises its OpenSSL calls (wsexec._SerialTLSSocket).
+    calls: list[str] = []
+    context, overlaps = spying_context(api, calls)
+    conn = target.connection
+    spied = ExecTarget(connection.KubeConnection(conn.host, context, token=conn.token), NS, POD)
+    data = os.urandom(2 << 20)
+    assert wsexec.run(spied, ["cat"], stdin=data, max_output=3 << 20, timeout=60) == (0, data, b"")
+    assert wsexec.run(spied, ["sh", "-c", "echo hi"]) == (0, b"hi\n", b"")
+    assert calls.count("read") > 10 and calls.count("write") > 3, calls
+    assert not overlaps, overlaps[:5]
+
+
+def test_a_tls_wait_ends_at_the_sockets_timeout(api: FakeKubeAPI, target: ExecTarget) -> None:
+    """websockets sets a timeout on the socket for its closing handshake: each wait is bounded by it."""
+    import socket as socketlib
+
+    host, port = "127.0.0.1", int(target.connection.host.rsplit(":", 1)[1])
+    assert target.connection.ssl is not None
+    raw = socketlib.create_connection((host, port), timeout=10)
+    tls = wsexec._SerialTLSSocket(target.connection.ssl.wrap_socket(raw, server_hostname=host))
+    try:
+        assert tls.gettimeout() == 10
+        tls.settimeout(0.3)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            tls.recv(100)  # the server waits for a request; nothing comes
+        assert 0.25 < time.monotonic() - started < 5
+        tls.settimeout(None)
+        tls.sendall(b"GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := tls.recv(1 << 16):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:100]
+    finally:
+        tls.close()
+
+
 def test_tls_is_verified(api: FakeKubeAPI, target: ExecTarget) -> None:
     from agentnest.errors import RuntimeNotAvailableError
 

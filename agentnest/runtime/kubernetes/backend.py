@@ -380,11 +380,14 @@ class KubernetesBackend(RuntimeBackend):
         bridge = bridge_command(self.spec.python, manifests.AGENT_SOCKET, wait=AGENT_TIMEOUT)
         argv = netcheck.probe_argv(self.spec.python, wanted, timeout, then=bridge)
         # The first exec into a new pod, once more if its upgrade goes
-        # unanswered: seen with the cluster double on gVisor (1 first exec in
-        # tens, never a later one; cause not found, docs/benchmarks.md), and an
-        # apiserver restarting behind a load balancer drops upgrades the same
-        # way.  Safe to repeat: nothing ran, or a probe and an idle bridge that
-        # end with their dropped stream.
+        # unanswered: an apiserver restarting behind a load balancer drops
+        # upgrades so.  Seen with the cluster double on gVisor too (1 first
+        # exec in tens, under the load of a pod's start; docs/benchmarks.md):
+        # most likely the client's own TLS race, since fixed, that lost the
+        # upgrade request when the receive thread read the server's session
+        # tickets as it was written (wsexec._SerialTLSSocket).  Safe to
+        # repeat: nothing ran, or a probe and an idle bridge that end with
+        # their dropped stream.
         try:
             stream = ExecStream.open(target, argv, open_timeout=FIRST_EXEC_TIMEOUT)
         except RuntimeNotAvailableError as exc:

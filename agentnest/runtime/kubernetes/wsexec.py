@@ -38,9 +38,11 @@ data: the agent channel's in-band heartbeats do exactly that.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import inspect
 import json
+import selectors
 import socket
 import ssl
 import threading
@@ -141,20 +143,150 @@ def _websockets() -> Any:
     return websockets
 
 
+class _SerialTLSSocket:
+    """An ``ssl.SSLSocket`` whose OpenSSL calls never overlap, for websockets' sync connection.
+
+    That connection reads the socket in its own thread while other threads
+    ``sendall`` on it; over TLS both are calls into one OpenSSL ``SSL``
+    object, which OpenSSL forbids from two threads at once, and Python's
+    ``ssl`` module does not serialise them (CPython 3.13.6 tried, with a lock
+    held across a blocking read, and deadlocked websockets: gh-137583).  It is not harmless: right
+    after the handshake a TLS 1.3 server sends its session tickets, the
+    receive thread's ``SSL_read`` processes them (OpenSSL's handshake state
+    machine, briefly "in init") while the caller's ``SSL_write`` sends the
+    upgrade request, and the request can vanish: ``SSL_write`` reported all
+    of it written and not a byte of it reached the socket (the kernel's
+    counters: only the ClientHello and Finished went out), so the server never
+    saw a request and the client waited out its ``open_timeout`` ("did not
+    answer the exec in time").  Seen about once in 500 to 1000 execs against
+    the double with two CPUs busy; a Go apiserver sends session tickets too.
+
+    Here the socket is non-blocking and every OpenSSL call runs under one
+    lock, which is never held while waiting: a read or write that would block
+    releases it and waits in ``select`` for the socket, then tries again.  So
+    the receive thread waits outside OpenSSL, and a write goes between its
+    reads.  ``settimeout`` (websockets' close deadline) bounds each wait.
+    """
+
+    def __init__(self, sock: ssl.SSLSocket) -> None:
+        self._sock = sock
+        self._timeout = sock.gettimeout()
+        self._closed = False
+        self._openssl = threading.Lock()  # held around one non-blocking OpenSSL call, never a wait
+        self._sending = threading.Lock()  # a retried SSL_write must see the rest of the same data
+        sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def getsockname(self) -> Any:
+        return self._sock.getsockname()
+
+    def getpeername(self) -> Any:
+        return self._sock.getpeername()
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._timeout = timeout
+
+    def _deadline(self) -> float | None:
+        return None if self._timeout is None else time.monotonic() + self._timeout
+
+    def _wait(self, writable: bool, deadline: float | None, *, briefly: bool = False) -> None:
+        """Until the socket is ready (``writable``, else readable), closed, or a while has passed.
+
+        A while: 50 ms ``briefly``, else 250 ms.  ``close()`` shuts the socket
+        down first, which wakes a wait; the slices bound one that starts just
+        as it closes (epoll forgets a closed descriptor, and nothing wakes it).
+
+        Raises TimeoutError past ``deadline`` (monotonic; None: never).
+        """
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise TimeoutError("timed out")
+        slice_ = 0.05 if briefly else 0.25
+        left = slice_ if left is None else min(left, slice_)
+        fd = self._sock.fileno()
+        if self._closed or fd < 0:
+            return
+        event = selectors.EVENT_WRITE if writable else selectors.EVENT_READ
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, event)
+            selector.select(left)
+
+    def recv(self, bufsize: int) -> bytes:
+        deadline = self._deadline()
+        while True:
+            with self._openssl:
+                if self._closed:
+                    return b""
+                try:
+                    data = self._sock.recv(bufsize)
+                except (ssl.SSLWantReadError, BlockingIOError):
+                    writable = False
+                except ssl.SSLWantWriteError:
+                    writable = True
+                else:
+                    # What OpenSSL has decrypted already, select() cannot see: take it now.
+                    with contextlib.suppress(ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                        while data and len(data) < bufsize and self._sock.pending():
+                            data += self._sock.recv(bufsize - len(data))
+                    return data
+            self._wait(writable, deadline)
+
+    def sendall(self, data: bytes) -> None:
+        deadline = self._deadline()
+        with self._sending:
+            view = memoryview(data).cast("B")
+            while view:
+                with self._openssl:
+                    if self._closed:
+                        raise OSError(errno.EBADF, "the socket is closed")
+                    try:
+                        view = view[self._sock.send(view) :]
+                        continue
+                    except (ssl.SSLWantWriteError, BlockingIOError):
+                        writable = True
+                    except ssl.SSLWantReadError:
+                        writable = False  # a TLS 1.2 renegotiation: never from a Go server
+                # A write waiting to read may see the receive thread take what it waits for: look again soon.
+                self._wait(writable, deadline, briefly=not writable)
+
+    def shutdown(self, how: int) -> None:
+        with self._openssl:
+            self._sock.shutdown(how)
+
+    def close(self) -> None:
+        with self._openssl:
+            self._closed = True
+            # The shutdown wakes a thread waiting for the socket in _wait.
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.close()
+
+
 @functools.lru_cache(maxsize=1)
 def _connection_class() -> Any:
-    """websockets' sync ClientConnection, closing its socket with a ``shutdown`` first.
+    """websockets' sync ClientConnection: its TLS calls serialised, its socket shut down before it is closed.
 
-    Its receive thread waits in ``select`` and then reads: over TLS the data
-    that woke it may be no application data at all (a TLS 1.3 session ticket
-    right after the handshake), so the read blocks, and ``close()`` of the
-    socket from another thread does not wake it.  A failed or timed-out
-    handshake then hung forever in ``connect()`` (websockets 17.4, a server
-    that never answers the upgrade: reproduced).  ``shutdown`` wakes the read.
+    Over TLS its socket is a :class:`_SerialTLSSocket` (why: there).  Its
+    receive thread waits in ``select`` and then reads: over TLS the data that
+    woke it may be no application data at all (a TLS 1.3 session ticket right
+    after the handshake), so the read waits on, and ``close()`` of the socket
+    from another thread does not wake it.  A failed or timed-out handshake
+    then hung forever in ``connect()`` (websockets 17.4, a server that never
+    answers the upgrade: reproduced).  ``shutdown`` wakes that wait.
     """
     from websockets.sync.client import ClientConnection
 
     class ShutdownFirst(ClientConnection):
+        def __init__(self, sock: Any, protocol: Any, **kwargs: Any) -> None:
+            if isinstance(sock, ssl.SSLSocket):
+                sock = _SerialTLSSocket(sock)
+            super().__init__(sock, protocol, **kwargs)
+
         def close_socket(self) -> None:
             with contextlib.suppress(OSError):
                 self.socket.shutdown(socket.SHUT_RDWR)
