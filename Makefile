@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo test unit integration escapes lint docs bench engine image browser storage postgres venv clean
+.PHONY: demo test unit integration escapes lint docs bench engine image browser storage postgres venv clean e2b-latest
 
 demo: engine venv image storage
 	$(BIN)/agentnest demo
@@ -32,6 +32,12 @@ lint: venv
 # warning into a failure.  Serve it locally with `$(BIN)/mkdocs serve`.
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
+
+# The E2B canary: the acceptance suite (tests/e2b) against whatever `e2b` and
+# `e2b-code-interpreter` PyPI serves today, in a venv made for today only
+# (~/.cache/agentnest/e2b-sdk/latest-DATE; `make test` runs the pinned matrix).
+e2b-latest: engine venv image
+	AGENTNEST_E2B_MATRIX=latest AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q tests/e2b
 
 bench: engine venv image browser storage postgres
 	$(BIN)/python benchmarks/bench.py

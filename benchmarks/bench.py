@@ -61,6 +61,7 @@ import seed  # noqa: E402
 from browser import bench_browser  # noqa: E402
 from disk import bench_disk  # noqa: E402
 from docker.models.containers import Container  # noqa: E402
+from e2b import bench_e2b  # noqa: E402
 from egress import bench_egress  # noqa: E402
 from harness import (  # noqa: E402
     BACKENDS,
@@ -1159,6 +1160,7 @@ def run_backend(
         ("D", "disk workspaces: host disk", lambda: bench_disk(backend, plan)),
         ("K", "kubernetes backend (cluster double)", lambda: bench_kube(backend, plan)),
         ("M", "manager: admission", lambda: bench_manager(backend, plan)),
+        ("Z", "E2B face (stock SDK)", lambda: bench_e2b(backend, plan)),
     ]
     results: list[Result] = []
     for key, name, step in steps:
