@@ -622,13 +622,25 @@ class AsyncSandbox:
         environment: Mapping[str, str | Secret] | None = None,
         workdir: str | None = None,
         display_command: str | None = None,
+        interactive: bool = False,
+        pty: tuple[int, int] | None = None,
     ) -> AsyncExecutionStream:
         """See :meth:`Sandbox.stream_exec`; iterate the result with ``async for``.
 
         The command starts at the first iteration, or on ``async with``
         (which also kills it on exit if it still runs); argument errors and
         approval refusals surface there.
+
+        ``interactive=True`` keeps the command's stdin open after ``input``:
+        feed it with :meth:`AsyncExecutionStream.send_input` and end it with
+        :meth:`~AsyncExecutionStream.close_input`.  ``pty=(rows, cols)`` runs
+        it on a terminal of that size (output arrives as ``stdout``; resize
+        with :meth:`~AsyncExecutionStream.resize`).
+
+        .. versionadded:: 0.4.0 ``interactive`` and ``pty``.
         """
+        if not isinstance(interactive, bool):
+            raise ConfigurationError("interactive must be True or False")
         start = functools.partial(
             self._sandbox._start,
             argv,
@@ -637,6 +649,8 @@ class AsyncSandbox:
             either(cwd, workdir, "cwd", "workdir"),
             input,
             display_command=display_command,
+            keep_stdin_open=interactive or pty is not None,
+            pty=pty,
         )
         return AsyncExecutionStream(self, start, timeout)
 
@@ -919,6 +933,45 @@ class AsyncExecutionStream:
                 await anyio.to_thread.run_sync(_kill, handle)
 
     close = aclose
+
+    @property
+    def started(self) -> bool:
+        """Whether the command was started (by ``async with`` or the first iteration)."""
+        return self._handle is not None
+
+    def _running(self) -> ExecHandle:
+        handle = self._handle
+        if handle is None:
+            raise ConfigurationError("the command has not started yet: use `async with stream:` first")
+        return handle
+
+    async def send_input(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin (started with ``interactive=True`` or a ``pty``).
+
+        Input to a command that has ended is dropped, as a pipe would.
+        """
+        if not isinstance(data, (bytes, bytearray)):
+            raise ConfigurationError("input must be bytes")
+        handle = self._running()
+        if handle.result is None:
+            await self._owner._call(functools.partial(handle.write_stdin, bytes(data)))
+
+    async def close_input(self) -> None:
+        """Close the command's stdin: it reads end of file."""
+        handle = self._running()
+        if handle.result is None:
+            await self._owner._call(functools.partial(handle.write_stdin, b"", True))
+
+    async def kill(self) -> None:
+        """Kill the command's process tree; the iteration still ends, with its status."""
+        handle = self._running()
+        if handle.result is None:
+            await self._owner._call(handle.cancel)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Set the size of the command's terminal (started with ``pty=``)."""
+        handle = self._running()
+        await self._owner._call(functools.partial(handle.resize, rows, cols))
 
     async def __aenter__(self) -> AsyncExecutionStream:
         if not self._finished:

@@ -785,6 +785,8 @@ class Sandbox:
         environment: Mapping[str, str | Secret] | None = None,
         workdir: str | None = None,
         display_command: str | None = None,
+        interactive: bool = False,
+        pty: tuple[int, int] | None = None,
     ) -> ExecutionStream:
         """Run ``argv`` and iterate over its output as it arrives.  Arguments as for :meth:`exec`.
 
@@ -793,7 +795,16 @@ class Sandbox:
         chunk with the ``exit_code``; ``.result`` holds the
         :class:`ExecutionResult` afterwards.  Leaving the iteration early
         (or ``close()``) kills the command's process tree.
+
+        ``interactive=True`` keeps the command's stdin open after ``input``:
+        feed it with :meth:`ExecutionStream.send_input` and end it with
+        :meth:`~ExecutionStream.close_input`.  ``pty=(rows, cols)`` runs it on
+        a terminal of that size (its output arrives as ``stdout``).
+
+        .. versionadded:: 0.4.0 ``interactive`` and ``pty``.
         """
+        if not isinstance(interactive, bool):
+            raise ConfigurationError("interactive must be True or False")
         handle = self._start(
             argv,
             timeout,
@@ -801,6 +812,8 @@ class Sandbox:
             either(cwd, workdir, "cwd", "workdir"),
             input,
             display_command=display_command,
+            keep_stdin_open=interactive or pty is not None,
+            pty=pty,
         )
         return ExecutionStream(self, handle, timeout)
 
@@ -1553,6 +1566,38 @@ class ExecutionStream:
         if self._handle.result is None:
             self._handle.cancel()
             self._handle.abandon()
+
+    def send_input(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin (started with ``interactive=True`` or a ``pty``).
+
+        Input to a command that has ended is dropped, as a pipe would.
+        """
+        if not isinstance(data, (bytes, bytearray)):
+            raise ConfigurationError("input must be bytes")
+        if self._handle.result is None:
+            try:
+                self._handle.write_stdin(bytes(data))
+            except ChannelError as exc:
+                raise self._sandbox._lost(exc) from None
+
+    def close_input(self) -> None:
+        """Close the command's stdin: it reads end of file."""
+        if self._handle.result is None:
+            try:
+                self._handle.write_stdin(b"", True)
+            except ChannelError as exc:
+                raise self._sandbox._lost(exc) from None
+
+    def kill(self) -> None:
+        """Kill the command's process tree; the iteration still ends, with its status."""
+        self._handle.cancel()
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the size of the command's terminal (started with ``pty=``)."""
+        try:
+            self._handle.resize(rows, cols)
+        except ChannelError as exc:
+            raise self._sandbox._lost(exc) from None
 
     def __enter__(self) -> ExecutionStream:
         return self
