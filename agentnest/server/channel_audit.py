@@ -192,6 +192,10 @@ class ChannelAudit:
                 self._remember(rid, "write", {"path": _text(header.get("path"))})
             elif kind in ("read", "remove"):
                 self._remember(rid, kind, {"path": _text(header.get("path"))})
+            elif kind == "move":
+                self._remember(
+                    rid, "move", {"path": _text(header.get("path")), "to": _text(header.get("to"))}
+                )
             elif kind == "session.run":
                 code = body.decode("utf-8", "replace")
                 self._remember(rid, "session", {"session": _number(header.get("session")), "code": code})
@@ -256,7 +260,9 @@ class ChannelAudit:
             elif kind == "done" and what in _FILE_EVENTS:
                 size = header.get("size")
                 data_out: dict[str, Any] = {"path": info["path"]}
-                if what != "remove":
+                if what == "move":
+                    data_out["to"] = info["to"]
+                elif what != "remove":
                     data_out["size"] = size if isinstance(size, int) and size >= 0 else None
                 self._event(_FILE_EVENTS[what], data_out)
 
@@ -284,6 +290,7 @@ _FILE_EVENTS = {
     "write": EventType.FILE_WRITTEN,
     "read": EventType.FILE_READ,
     "remove": EventType.FILE_REMOVED,
+    "move": EventType.FILE_MOVED,
 }
 
 

@@ -278,3 +278,15 @@ def test_garbage_on_the_channel_closes_it_before_the_agent_sees_it(client: Clien
             assert "not the agent protocol" in closed.value.rcvd.reason  # type: ignore[attr-defined]
         # The sandbox and its own channel are untouched.
         assert sb.exec_shell("echo fine").stdout == "fine\n"
+
+
+def test_a_rename_through_the_channel_is_audited_with_both_paths() -> None:
+    seen, emit = recorder()
+    audit = ChannelAudit(emit, "t")
+    audit.from_client(b"0\n")
+    audit.from_client(wire.encode({"t": "move", "id": 1, "path": "a.txt", "to": "b/c.txt"}))
+    audit.from_client(wire.encode({"t": "move", "id": 2, "path": "x", "to": "y"}))
+    audit.from_agent(wire.encode({"t": "done", "id": 1}))
+    audit.from_agent(wire.encode({"t": "error", "id": 2, "code": "not_found", "message": "no x"}))
+    moved = [(kind, data["path"], data["to"]) for kind, data, _ in seen]
+    assert moved == [(EventType.FILE_MOVED, "a.txt", "b/c.txt")]  # only what happened
