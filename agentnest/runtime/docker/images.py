@@ -34,7 +34,9 @@ if TYPE_CHECKING:
     from ...config import SandboxConfig
 
 BASE_REPOSITORY = "agentnest/base"
-RECIPE_VERSION = 1
+#: 2: login shells (``bash -l``, what E2B clients run every command with) no longer fork
+#: ``id`` to learn the uid (see :func:`_fast_profile`).
+RECIPE_VERSION = 2
 SUITE = "bookworm"
 VARIANT = "minbase"
 # python-is-python3: a `python` command, as the official python images have.
@@ -123,6 +125,7 @@ def build_base_image(
         )
         if proc.returncode != 0:
             raise BackendError(f"debootstrap failed: {proc.stderr.strip()[-1500:] or proc.stdout[-1500:]}")
+        _fast_profile(root / "etc/profile")
         # Downloaded packages are not part of the image.
         for deb in (root / "var/cache/apt/archives").glob("*.deb"):
             deb.unlink()
@@ -146,6 +149,19 @@ def build_base_image(
         raise BackendError(f"importing {image} did not produce the image")
     progress(f"built {image}")
     return image, True
+
+
+def _fast_profile(profile: Path) -> None:
+    """Let bash read its uid from ``$EUID`` in Debian's ``/etc/profile`` (sh still runs ``id``).
+
+    Debian's profile forks ``id -u`` twice; a login shell then takes ~4.7 ms instead of ~2.4 ms
+    to run ``echo hi``.  Same meaning: ``EUID`` is bash's effective uid, and dash leaves it unset.
+    """
+    try:
+        text = profile.read_text()
+    except FileNotFoundError:
+        return
+    profile.write_text(text.replace('"$(id -u)"', '"${EUID:-$(id -u)}"'))
 
 
 # -- image aliases ----------------------------------------------------------------------
