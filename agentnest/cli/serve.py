@@ -157,8 +157,9 @@ def register(commands: Commands) -> None:
         action="append",
         default=None,
         metavar="NAME=WHAT",
-        help="what an E2B template name means here: NAME=pool:POOL, NAME=image:IMAGE[@BACKEND] or "
-        "NAME=default (repeatable; default: base and code-interpreter-v1 on the default image)",
+        help="what an E2B template name means here: NAME=pool:POOL, NAME=image:IMAGE[@BACKEND], "
+        "NAME=profile:PROFILE (from $AGENTNEST_PROFILE_FILE or ./agentnest.yaml) or NAME=default "
+        "(repeatable; default: base and code-interpreter-v1 on the default image)",
     )
     parser.add_argument(
         "--e2b-domain",
@@ -594,11 +595,22 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def _e2b_templates(given: list[str] | None) -> dict[str, Any]:
+    from ..profiles import find_profile_file, load_profiles
     from ..server.e2b import DEFAULT_TEMPLATES, E2BTemplate
 
     if not given:
         return dict(DEFAULT_TEMPLATES)
-    templates = dict(E2BTemplate.parse(text) for text in given)
+
+    def profile(name: str) -> Any:
+        path = find_profile_file()
+        if path is None:
+            raise ConfigurationError(
+                f"--e2b-template names profile {name!r}, but there is no profile file: set "
+                "$AGENTNEST_PROFILE_FILE or put agentnest.yaml in the working directory"
+            )
+        return load_profiles(path).get(name)
+
+    templates = dict(E2BTemplate.parse(text, profile) for text in given)
     if len(templates) != len(given):
         raise ConfigurationError("each --e2b-template NAME may be given once")
     return templates

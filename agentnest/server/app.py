@@ -215,6 +215,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
     except MissingDependencyError:
         log.warning("prometheus_client is not installed: /metrics answers 501")
 
+    e2b = _e2b_face(service, settings) if settings.e2b else None
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tg:
@@ -249,6 +251,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await relay.close()
+                    if e2b is not None:
+                        await e2b.close()
                     await service.close()
 
     app = FastAPI(
@@ -264,11 +268,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
         **fastapi_options(),
     )
     app.state.service = service
-    if settings.e2b:
-        e2b = _e2b_face(service, settings)
-        if e2b is not None:
-            # Inside the body limit (E2B uploads get the upload limit), outside the routes.
-            app.add_middleware(_Wrap, wrap=e2b.wrap)
+    if e2b is not None:
+        # Inside the body limit (E2B uploads get the upload limit), outside the routes.
+        app.add_middleware(_Wrap, wrap=e2b.wrap)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, upload_limit=settings.max_upload_bytes)
     # Before the body limit and the routes: a request for a sandbox another replica runs goes
     # there whole (that replica applies its own limits and checks the token).

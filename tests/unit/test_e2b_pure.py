@@ -202,6 +202,7 @@ def test_file_url_signatures() -> None:
         return "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
 
     def request(method: str, query: str) -> Request:
+        query = query.replace("+", "%2B")  # as a client's URL encoding sends it
         return Request(
             {
                 "type": "http",
@@ -231,3 +232,46 @@ def test_envd_version_gates_what_the_sdk_asks() -> None:
     # stdin 0.3.0, default user 0.4.0, close_stdin 0.5.2, octet-stream uploads 0.5.7: served;
     # file metadata 0.6.2: not served, so the advertised version must stay below it.
     assert Version("0.5.7") <= Version(state.ENVD_VERSION) < Version("0.6.2")
+
+
+def test_templates_from_profiles_carry_what_a_server_can_apply() -> None:
+    from agentnest import NetworkPolicy, SecurityPolicy
+    from agentnest.approvals import ApprovalRule
+    from agentnest.profiles import Profile
+
+    net = NetworkPolicy.allowlist(domains=("pypi.org",), ports=(443,))
+    profile = Profile(
+        name="small",
+        image="img:1",
+        memory=128 << 20,
+        environment={"A": "1"},
+        security_policy=SecurityPolicy(network=net, max_output_bytes=1 << 20),
+    )
+    fields = E2BTemplate(profile=profile).create_fields()
+    assert (
+        fields["image"] == "img:1" and fields["memory"] == 128 << 20 and fields["environment"] == {"A": "1"}
+    )
+    assert fields["network"] == {
+        "mode": "allowlist",
+        "domains": ["pypi.org"],
+        "ports": [443],
+        "subdomains": True,
+    }
+    assert fields["policy"] == {"max_output_bytes": 1 << 20}
+    assert E2BTemplate(profile=profile, backend="gvisor").create_fields()["backend"] == "gvisor"
+    assert E2BTemplate(pool="warm").create_fields() == {"pool": "warm"}
+    found = E2BTemplate.parse("s=profile:small", lambda name: profile)
+    assert found == ("s", E2BTemplate(profile=profile))
+    with pytest.raises(ConfigurationError, match="no profile file"):
+        E2BTemplate.parse("s=profile:small")
+    # What a server cannot apply per sandbox is refused, never silently dropped.
+    ruled = Profile(name="ruled", approvals=(ApprovalRule(action="deny", kind="exec", match="rm *"),))
+    with pytest.raises(ConfigurationError, match="approvals"):
+        E2BTemplate(profile=ruled)
+    seccomp = Profile(
+        name="sc", security_policy=SecurityPolicy(seccomp_profile='{"defaultAction": "SCMP_ACT_ERRNO"}')
+    )
+    with pytest.raises(ConfigurationError, match="seccomp_profile"):
+        E2BTemplate(profile=seccomp)
+    with pytest.raises(ConfigurationError, match="not both"):
+        E2BTemplate(pool="p", profile=profile)

@@ -245,13 +245,7 @@ class ControlPlane:
             if owner is not None and self.face.alive(owner):
                 return JSONResponse(self._sandbox(owner), status_code=201)
         template = self._template(body.template_id)
-        ask: dict[str, Any] = {}
-        if template.pool is not None:
-            ask["pool"] = template.pool
-        else:
-            ask.update(
-                {k: v for k, v in (("image", template.image), ("backend", template.backend)) if v is not None}
-            )
+        ask = template.create_fields()
         if body.timeout is not None:
             ask["timeout"] = float(body.timeout)
         network = self._network(body)

@@ -113,6 +113,11 @@ class E2BFace:
         if owner is not None:
             await owner.close()
 
+    async def close(self) -> None:
+        """The server stops: end what the face runs (the sandboxes go with the service)."""
+        for sandbox_id in list(self.boxes):
+            await self.forget(sandbox_id)
+
     async def sweep(self) -> None:
         """Drop the state of sandboxes that ended (destroyed, reaped, natively or not)."""
         for sandbox_id, owner in list(self.boxes.items()):

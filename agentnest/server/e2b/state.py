@@ -18,11 +18,12 @@ import posixpath
 import re
 import secrets
 import time
-from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigurationError
+from ...profiles import Profile
 
 if TYPE_CHECKING:
     from ..entries import Entry
@@ -90,37 +91,58 @@ def user_problem(user: str | None) -> str | None:
     return f"unknown user {user[:64]!r}: AgentNest sandboxes have one user, 'user' (the default)"
 
 
+_FORMS = "NAME=pool:POOL, NAME=image:IMAGE[@BACKEND], NAME=profile:PROFILE or NAME=default"
+#: The policy settings a profile may carry to the server (the rest are the server's own).
+_POLICY_CARRIED = frozenset({"network", "max_output_bytes", "max_file_bytes", "read_only_root"})
+
+
 @dataclass(frozen=True)
 class E2BTemplate:
-    """What an E2B template name means on this server: a warm pool, or an image and backend.
+    """What an E2B template name means on this server: a warm pool, an image, or a profile.
 
     ``ServerSettings(e2b_templates={"base": E2BTemplate(pool="warm")})``;
-    on the command line ``agentnest serve --e2b-template base=pool:warm``.
+    on the command line ``agentnest serve --e2b-template base=pool:warm``.  A
+    :class:`~agentnest.profiles.Profile` gives its image, backend, lifetime,
+    resources, environment, network and output/file limits; the token's
+    ceiling still decides.  A profile that sets what a server cannot apply per
+    sandbox (approval rules, a seccomp or AppArmor profile, ``verify``...) is
+    refused when the server starts, never silently thinned.
     """
 
     image: str | None = None
-    """None: the server's default image."""
+    """None: the server's default image (or the profile's)."""
     pool: str | None = None
     """Claim from this warm pool (its image, backend and limits)."""
     backend: str | None = None
-    """None: the server's default backend."""
+    """None: the server's default backend (or the profile's)."""
+    profile: Profile | None = None
 
     def __post_init__(self) -> None:
-        if self.pool is not None and (self.image is not None or self.backend is not None):
-            raise ConfigurationError("an E2B template names a pool, or an image and backend, not both")
+        if self.pool is not None and (self.image, self.backend, self.profile) != (None, None, None):
+            raise ConfigurationError(
+                "an E2B template names a pool, or an image, backend or profile; not both"
+            )
         for name in ("image", "pool", "backend"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ConfigurationError(f"E2B template {name} must be a non-empty string")
+        if self.profile is not None:
+            _profile_fields(self.profile)  # refuses what cannot be carried
+
+    def create_fields(self) -> dict[str, Any]:
+        """The native create's fields (``CreateSandbox``) this template stands for."""
+        if self.pool is not None:
+            return {"pool": self.pool}
+        out = _profile_fields(self.profile) if self.profile is not None else {}
+        out.update({k: v for k, v in (("image", self.image), ("backend", self.backend)) if v is not None})
+        return out
 
     @classmethod
-    def parse(cls, text: str) -> tuple[str, E2BTemplate]:
-        """``NAME=pool:P``, ``NAME=image:I``, ``NAME=image:I@backend`` or ``NAME=default``."""
+    def parse(cls, text: str, profiles: Callable[[str], Profile] | None = None) -> tuple[str, E2BTemplate]:
+        """One of :data:`_FORMS`; ``profiles`` finds a profile by name."""
         name, sep, what = text.partition("=")
         if not sep or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}", name):
-            raise ConfigurationError(
-                f"--e2b-template {text!r}: write NAME=pool:POOL, NAME=image:IMAGE[@BACKEND] or NAME=default"
-            )
+            raise ConfigurationError(f"--e2b-template {text!r}: write {_FORMS}")
         kind, _, value = what.partition(":")
         if what == "default":
             return name, cls()
@@ -129,9 +151,47 @@ class E2BTemplate:
         if kind == "image" and value:
             image, _, backend = value.rpartition("@") if "@" in value.split("/")[-1] else (value, "", "")
             return name, cls(image=image or value, backend=backend or None)
+        if kind == "profile" and value:
+            if profiles is None:
+                raise ConfigurationError(f"--e2b-template {text!r}: no profile file to find {value!r} in")
+            return name, cls(profile=profiles(value))
+        raise ConfigurationError(f"--e2b-template {text!r}: write {_FORMS}")
+
+
+def _profile_fields(profile: Profile) -> dict[str, Any]:
+    """A profile as native create fields, or ConfigurationError naming what the server cannot apply."""
+    from ...policy import SecurityPolicy
+
+    policy, default = profile.security_policy, SecurityPolicy()
+    cannot = [f"security_policy.{f.name}" for f in fields(SecurityPolicy) if f.name not in _POLICY_CARRIED
+              and getattr(policy, f.name) != getattr(default, f.name)]  # fmt: skip
+    cannot += [k for k in ("approvals", "verify", "workspace") if getattr(profile, k) not in ((), None)]
+    if policy.network.cidrs:
+        cannot.append("network cidrs")
+    if cannot:
         raise ConfigurationError(
-            f"--e2b-template {text!r}: write NAME=pool:POOL, NAME=image:IMAGE[@BACKEND] or NAME=default"
+            f"profile {profile.name!r} sets {', '.join(cannot)}, which agentnest serve cannot apply per "
+            "sandbox; use a profile without them for an E2B template (the token's ceiling governs the rest)"
         )
+    out: dict[str, Any] = {}
+    for key in ("image", "backend", "timeout", "memory", "cpus", "pids", "workspace_size", "scratch_size"):
+        value = getattr(profile, key)
+        if value is not None:
+            out[key] = value
+    if profile.read_only_root is not None:
+        out["read_only_root"] = profile.read_only_root
+    if profile.environment:
+        out["environment"] = dict(profile.environment)
+    net = policy.network
+    out["network"] = {
+        "mode": net.mode.value,
+        "domains": list(net.domains),
+        "ports": list(net.ports),
+        "subdomains": net.subdomains,
+    }
+    limits = {k: getattr(policy, k) for k in ("max_output_bytes", "max_file_bytes")}
+    out["policy"] = {k: v for k, v in limits.items() if v != getattr(default, k)}
+    return out
 
 
 #: The templates every server has unless configured otherwise: E2B's defaults
