@@ -129,10 +129,10 @@ class Observed:
     scenario: str
     sdk: str
     args: dict[str, Any] = field(default_factory=dict)
-    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    records: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     done: bool = False
     returncode: int | None = None
-    stderr: str = ""
+    stderr: str = field(default="", repr=False)
     timed_out: bool = False
 
     def _trouble(self) -> str:
