@@ -109,6 +109,11 @@ class DisplayItem:
 
     mime: str
     data: str
+    result: bool = False
+    """The rich form of the code's trailing expression (whose ``repr()`` is
+    :attr:`SessionResult.result`), not a ``display()`` call or a figure.
+
+    .. versionadded:: 0.4.0"""
 
     @property
     def binary(self) -> bool:
@@ -552,8 +557,8 @@ class PythonSession:
 
     def _display_item(self, raw: RawDisplay) -> DisplayItem:
         if raw.mime in BINARY_MIMES:
-            return DisplayItem(raw.mime, base64.b64encode(raw.data).decode("ascii"))
-        return DisplayItem(raw.mime, self._guard.redact(raw.data.decode("utf-8", "replace")))
+            return DisplayItem(raw.mime, base64.b64encode(raw.data).decode("ascii"), raw.main)
+        return DisplayItem(raw.mime, self._guard.redact(raw.data.decode("utf-8", "replace")), raw.main)
 
 
 @scrub_errors

@@ -647,7 +647,7 @@ class Sessions(object):
             # Outside a run (a background thread called display()) there is
             # no request to attach the item to: it is dropped.
             if run is not None:
-                self._display(run, h.get("mime"), body)
+                self._display(run, h.get("mime"), body, h.get("main") is True)
             return
         if run is None:
             self._dead(s, "the interpreter sent an unexpected %r frame; it was killed" % kind[:40])
@@ -674,7 +674,7 @@ class Sessions(object):
         else:
             self._dead(s, "the interpreter sent an unknown %r frame; it was killed" % kind[:40])
 
-    def _display(self, run: Run, mime: Any, body: bytes) -> None:
+    def _display(self, run: Run, mime: Any, body: bytes, main: bool = False) -> None:
         if mime not in DISPLAY_MIMES or run.displays >= MAX_DISPLAY_ITEMS or len(body) > run.limit - run.sent:
             run.truncated = True
             return
@@ -683,9 +683,10 @@ class Sessions(object):
         n = len(body)
         for off in range(0, max(n, 1), DISPLAY_CHUNK):
             last = off + DISPLAY_CHUNK >= n
-            self._send(
-                {"t": "display", "id": run.rid, "mime": mime, "final": last}, body[off : off + DISPLAY_CHUNK]
-            )
+            header = {"t": "display", "id": run.rid, "mime": mime, "final": last}  # type: Dict[str, Any]
+            if main:
+                header["main"] = True
+            self._send(header, body[off : off + DISPLAY_CHUNK])
 
     # -- processes, deadlines, cleanup ---------------------------------------------------
 
@@ -1071,7 +1072,7 @@ class Interpreter(object):
                     self.cut = self.cut or cut
                     rich = self._rich(value)
                     if rich is not None and not self._was_shown(value):
-                        self._emit(rich[0], rich[1])
+                        self._emit(rich[0], rich[1], main=True)
                         self.shown.append(value)
             except BaseException as exc:
                 interrupted = isinstance(exc, KeyboardInterrupt)
@@ -1159,12 +1160,15 @@ class Interpreter(object):
     def _was_shown(self, obj: Any) -> bool:
         return any(seen is obj for seen in self.shown)
 
-    def _emit(self, mime: str, data: bytes) -> None:
+    def _emit(self, mime: str, data: bytes, main: bool = False) -> None:
         if self.displays >= MAX_DISPLAY_ITEMS or len(data) > DISPLAY_ITEM_LIMIT:
             self.cut = True
             return
         self.displays += 1
-        self.send({"t": "display", "mime": mime}, data)
+        header = {"t": "display", "mime": mime}  # type: Dict[str, Any]
+        if main:
+            header["main"] = True  # the trailing expression's rich form, not a display() call
+        self.send(header, data)
 
     def _rich(self, obj: Any) -> Optional[Tuple[str, bytes]]:
         if isinstance(obj, type):

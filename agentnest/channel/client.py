@@ -766,7 +766,7 @@ class SessionRunHandle:
                 self._part_bytes += len(body)
         if not final:
             return None
-        item = None if self._dropping else RawDisplay(mime, b"".join(self._parts))
+        item = None if self._dropping else RawDisplay(mime, b"".join(self._parts), header.get("main") is True)
         if item is not None:
             self._items += 1
             self._seen += self._part_bytes

@@ -175,6 +175,8 @@ class RawDisplay:
 
     mime: str
     data: bytes
+    main: bool = False
+    """The trailing expression's rich form (not a ``display()`` call)."""
 
 
 @dataclass(frozen=True, slots=True)

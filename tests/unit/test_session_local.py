@@ -610,6 +610,14 @@ def test_display_function_and_plain_objects(session: PythonSession) -> None:
     ]
     assert got.result is None
     assert session.run("[1, 2]").display == ()  # a plain trailing value is only the result
+    assert not any(d.result for d in got.display)
+
+
+def test_the_trailing_values_rich_form_is_marked(session: PythonSession) -> None:
+    session.run(RICH)
+    got = session.run("display(Obj(html='<p>shown</p>'))\nObj(png=b'tail')")
+    assert [(d.mime, d.result) for d in got.display] == [("text/html", False), ("image/png", True)]
+    assert got.result is not None and "Obj" in got.result
 
 
 def test_display_ignores_broken_and_impostor_objects(session: PythonSession) -> None:
