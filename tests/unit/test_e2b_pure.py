@@ -146,27 +146,28 @@ def test_interpreter_results_and_errors() -> None:
     result = SessionResult(
         stdout="",
         stderr="",
-        result="2",
+        result="<Dot>",
         display=(
             DisplayItem("image/png", "iVBORw0KGgo="),
-            DisplayItem("text/plain", "<Figure>"),
-            DisplayItem("image/png", "AAAA"),
+            DisplayItem("text/html", "<b>x</b>"),
+            DisplayItem("image/png", "AAAA", result=True),
             DisplayItem("application/json", '{"a": 1}'),
             DisplayItem("application/x-custom", "z"),
         ),
     )
     docs = _results(result)
-    assert docs[0] == {"type": "result", "is_main_result": False, "png": "iVBORw0KGgo=", "text": "<Figure>"}
-    assert (
-        docs[1]["png"] == "AAAA"
-        and docs[1]["json"] == {"a": 1}
-        and docs[1]["extra"] == {"application/x-custom": "z"}
-    )
-    assert docs[-1] == {"type": "result", "is_main_result": True, "text": "2"}
+    # One result per display() call; the trailing value's rich form joins its text in the main one.
+    assert docs[0] == {"type": "result", "is_main_result": False, "png": "iVBORw0KGgo="}
+    assert docs[1] == {"type": "result", "is_main_result": False, "html": "<b>x</b>"}
+    assert docs[2]["json"] == {"a": 1} and docs[3]["extra"] == {"application/x-custom": "z"}
+    assert docs[-1] == {"type": "result", "is_main_result": True, "text": "<Dot>", "png": "AAAA"}
+    assert len(docs) == 5
     err = _error(
         'Traceback (most recent call last):\n  File "<cell>", line 1\nZeroDivisionError: division by zero\n'
     )
     assert (err["name"], err["value"]) == ("ZeroDivisionError", "division by zero")
+    assert _error("Traceback...\nf.<locals>.FinalAnswerException: 42")["name"] == "FinalAnswerException"
+    assert _error("json.decoder.JSONDecodeError: Expecting value")["name"] == "JSONDecodeError"
     odd = _error("something went wrong without a name")
     assert odd["name"] == "Error" and odd["value"] == "something went wrong without a name"
 
@@ -175,13 +176,17 @@ def test_network_asks_map_onto_our_policy() -> None:
     from agentnest.server.e2b.control import ControlPlane, E2BError, NewSandbox
 
     plane = ControlPlane(SimpleNamespace())  # type: ignore[arg-type]
+    open_token: Any = SimpleNamespace(ceiling=SimpleNamespace(network=("denied", "open", "allowlist")))
+    closed_token: Any = SimpleNamespace(ceiling=SimpleNamespace(network=("denied",)))
 
-    def ask(**body: Any) -> Any:
-        net = plane._network(NewSandbox.model_validate({"templateID": "base", **body}))
+    def ask(token: Any = open_token, **body: Any) -> Any:
+        net = plane._network(NewSandbox.model_validate({"templateID": "base", **body}), token)
         return None if net is None else (net.mode, net.domains)
 
     assert ask() is None
     assert ask(allow_internet_access=True) == ("open", [])
+    # The SDK's default ask: as much as the ceiling allows, never more.
+    assert ask(closed_token, allow_internet_access=True) == ("denied", [])
     assert ask(allow_internet_access=False) == ("denied", [])
     assert ask(network={"denyOut": ["0.0.0.0/0"], "allowOut": ["pypi.org"]}) == ("allowlist", ["pypi.org"])
     with pytest.raises(E2BError, match="allowlist"):
@@ -275,3 +280,19 @@ def test_templates_from_profiles_carry_what_a_server_can_apply() -> None:
         E2BTemplate(profile=seccomp)
     with pytest.raises(ConfigurationError, match="not both"):
         E2BTemplate(pool="p", profile=profile)
+
+
+def test_shell_escapes_as_a_notebook_kernel_runs_them() -> None:
+    from agentnest.server.e2b.interpreter import shell_escapes
+
+    plain = "x = '!not a command'\nprint(x)"
+    assert shell_escapes(plain) == plain
+    code = "!pip install pillow numpy\nfor i in range(2):\n    !echo $HOME\n%pip install x\ny = 1"
+    out = shell_escapes(code)
+    assert "_agentnest_shell_('pip install pillow numpy')" in out
+    assert "    _agentnest_shell_('echo $HOME')" in out and "_agentnest_shell_('pip install x')" in out
+    compile(out, "<cell>", "exec")  # valid Python now
+    ns: dict[str, Any] = {}
+    exec(compile(shell_escapes("!echo from-a-shell"), "<cell>", "exec"), ns)
+    broken = "def f(:\n    pass"
+    assert shell_escapes(broken) == broken  # a real syntax error stays one

@@ -192,6 +192,7 @@ class ControlPlane:
             "state": "paused" if entry.sandbox.paused else "running",
             "envdVersion": ENVD_VERSION,
             "metadata": owner.metadata,
+            "allowInternetAccess": config.network.mode.value == "open",
         }
         if detail:
             doc["envdAccessToken"] = owner.access_token
@@ -201,8 +202,15 @@ class ControlPlane:
 
     # -- create --------------------------------------------------------------------------
 
-    def _network(self, body: NewSandbox) -> s.NetworkIn | None:
-        """E2B's internet options as our NetworkPolicy ask (the token's ceiling then decides)."""
+    def _network(self, body: NewSandbox, token: Token) -> s.NetworkIn | None:
+        """E2B's internet options as our NetworkPolicy ask (the token's ceiling then decides).
+
+        ``allow_internet_access=True`` is the SDK's default (sent by every create of
+        SDK 2.50 and earlier), so it asks for as much as the ceiling allows: ``open``
+        where the token may have it, else ``denied``; the sandbox's detail then says
+        ``allowInternetAccess: false``.  A list of names (``allow_out``) is an explicit
+        ask: beyond the ceiling it is refused.
+        """
         net = body.network
         if net is not None and (net.rules or net.allow_public_traffic is False):
             raise E2BError(400, "network rules and allowPublicTraffic are not supported by AgentNest")
@@ -219,7 +227,7 @@ class ControlPlane:
                 return s.NetworkIn(mode="allowlist", domains=allow)
             return s.NetworkIn(mode="denied")
         if body.allow_internet_access is True:
-            return s.NetworkIn(mode="open")
+            return s.NetworkIn(mode="open" if "open" in token.ceiling.network else "denied")
         return None  # not asked: the template's (a pool's) or the server's default (denied)
 
     def _template(self, name: str) -> E2BTemplate:
@@ -248,7 +256,7 @@ class ControlPlane:
         ask = template.create_fields()
         if body.timeout is not None:
             ask["timeout"] = float(body.timeout)
-        network = self._network(body)
+        network = self._network(body, token)
         if network is not None:
             ask["network"] = network
         try:

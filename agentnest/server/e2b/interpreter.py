@@ -173,7 +173,7 @@ class Interpreter:
                         yield _end()
                         return
                 try:
-                    async for line in _stream(session, body.code):
+                    async for line in _stream(session, shell_escapes(body.code)):
                         yield line
                 finally:
                     if body.env_vars:
@@ -229,6 +229,42 @@ class _Refused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+_SHELL_HELPER = (
+    "def _agentnest_shell_(command):\n"
+    "    import subprocess as _s, sys as _y\n"
+    "    _p = _s.run(command, shell=True, stdout=_s.PIPE, stderr=_s.STDOUT)\n"
+    "    _y.stdout.write(_p.stdout.decode('utf-8', 'replace'))\n"
+)
+
+
+def shell_escapes(code: str) -> str:
+    """IPython's ``!command`` and ``%pip ...`` lines, as a notebook kernel runs them.
+
+    Code that compiles as it is stays as it is (a ``!`` inside a string is
+    never touched); otherwise each line that starts with ``!`` (or ``%pip``,
+    ``%conda``) runs its command in a shell, output to stdout, exit status
+    ignored, as IPython does.  Agent frameworks send these (smolagents' E2B
+    executor installs its packages with ``!pip install``).
+    """
+    try:
+        compile(code, "<cell>", "exec", dont_inherit=True)
+        return code
+    except (SyntaxError, ValueError):
+        pass
+    lines = code.split("\n")
+    changed = False
+    for i, line in enumerate(lines):
+        stripped = line.lstrip()
+        indent = line[: len(line) - len(stripped)]
+        command = None
+        if stripped.startswith("!") or stripped.startswith(("%pip ", "%conda ")):
+            command = stripped[1:]
+        if command is not None:
+            lines[i] = f"{indent}_agentnest_shell_({command.strip()!r})"
+            changed = True
+    return _SHELL_HELPER + "\n".join(lines) if changed else code
 
 
 def _line(doc: dict[str, Any]) -> bytes:
@@ -316,36 +352,30 @@ async def _stream(session: AsyncPythonSession, code: str) -> AsyncIterator[bytes
             yield _line(_error(result.error))
 
 
-def _bundles(items: tuple[DisplayItem, ...]) -> list[dict[str, Any]]:
-    bundles: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
-    for item in items:
-        key = _MIME_KEYS.get(item.mime)
-        value: Any = item.data
-        if key == "json":
-            try:
-                value = json.loads(item.data)
-            except ValueError:
-                key = None
-        if key is None:
-            if "extra" in current and item.mime in current["extra"]:
-                bundles.append(current)
-                current = {}
-            current.setdefault("extra", {})[item.mime] = item.data
-            continue
-        if key in current:
-            bundles.append(current)
-            current = {}
-        current[key] = value
-    if current:
-        bundles.append(current)
-    return bundles
+def _bundle(item: DisplayItem) -> dict[str, Any]:
+    """One display item (one ``display()`` call shows one, its richest form) under E2B's keys."""
+    key = _MIME_KEYS.get(item.mime)
+    if key == "json":
+        try:
+            return {"json": json.loads(item.data)}
+        except ValueError:
+            key = None
+    return {"extra": {item.mime: item.data}} if key is None else {key: item.data}
 
 
 def _results(result: SessionResult) -> list[dict[str, Any]]:
-    docs = [{"type": "result", "is_main_result": False, **bundle} for bundle in _bundles(result.display)]
+    """``display_data`` results, then the ``execute_result``: the trailing value's text and its rich form."""
+    docs = [
+        {"type": "result", "is_main_result": False, **_bundle(item)}
+        for item in result.display
+        if not item.result
+    ]
     if result.result is not None:
-        docs.append({"type": "result", "is_main_result": True, "text": result.result})
+        main: dict[str, Any] = {"type": "result", "is_main_result": True, "text": result.result}
+        for item in result.display:
+            if item.result:
+                main.update(_bundle(item))
+        docs.append(main)
     return docs
 
 
@@ -356,4 +386,7 @@ def _error(traceback: str) -> dict[str, Any]:
     name, sep, value = last.partition(":")
     if not sep or " " in name.strip():
         name, value = "Error", last
-    return {"type": "error", "name": name.strip(), "value": value.strip(), "traceback": traceback}
+    # The class's own name, as a kernel reports it: "json.decoder.JSONDecodeError" and a
+    # class defined in a function ("f.<locals>.Stop") are "JSONDecodeError" and "Stop".
+    name = name.strip().rsplit(".", 1)[-1]
+    return {"type": "error", "name": name, "value": value.strip(), "traceback": traceback}
