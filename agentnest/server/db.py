@@ -197,6 +197,16 @@ class Database(ReplicaQueries):
         )
         if self.dialect == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._closed = False
+        for engine in {self.engine, self._grants}:
+            sa.event.listen(engine, "checkin", self._checkin)
+
+    def _checkin(self, dbapi_connection: Any, _record: Any) -> None:
+        # A connection still checked out when close() disposed the pool (a query in a worker
+        # thread abandoned at shutdown) comes back to the old pool, which would keep it open
+        # until the garbage collector found it: close it now.
+        if self._closed:
+            dbapi_connection.close()
 
     def __repr__(self) -> str:
         return f"Database({self.display!r})"
@@ -219,6 +229,7 @@ class Database(ReplicaQueries):
             ) from exc
 
     def close(self) -> None:
+        self._closed = True
         self.engine.dispose()
         self._grants.dispose()
 

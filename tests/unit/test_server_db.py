@@ -324,3 +324,42 @@ def test_a_gone_server_s_owner_label_is_not_reclaimed_while_a_live_server_carrie
         conn.execute(sa.text("UPDATE servers SET seen = :t WHERE server = 'old'"), {"t": now - 120})
     assert db.sweep(60) == ([], 0)
     assert [s["server"] for s in db.list_servers()] == ["new"]
+
+
+def test_a_connection_returned_after_close_is_closed_not_left_to_the_collector(database_url: str) -> None:
+    """A query still running in a worker thread when the server closed its database (a ping
+    abandoned at shutdown) returns its connection to the disposed pool afterwards: it is closed
+    there, not left open until the garbage collector warns (ResourceWarning, an error here)."""
+    import gc
+    import sys
+
+    import sqlalchemy as sa
+
+    from agentnest.server.db import Database
+
+    database = Database(database_url)
+    conn = database.engine.connect()
+    raw = conn.connection.dbapi_connection
+    conn.execute(sa.text("SELECT 1"))
+    database.close()
+    conn.close()  # back to the pool that close() disposed
+    caught: list[BaseException | None] = []
+    hook, sys.unraisablehook = sys.unraisablehook, lambda u: caught.append(u.exc_value)
+    try:
+        del conn, database
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert caught == []
+    closed = getattr(raw, "closed", None)
+    assert closed in (True, 1) or raw is None or _sqlite_closed(raw)
+
+
+def _sqlite_closed(raw: object) -> bool:
+    import sqlite3
+
+    try:
+        raw.execute("SELECT 1")  # type: ignore[attr-defined]
+    except sqlite3.ProgrammingError:
+        return True
+    return False
