@@ -175,7 +175,7 @@ def test_interpreter_results_and_errors() -> None:
 def test_network_asks_map_onto_our_policy() -> None:
     from agentnest.server.e2b.control import ControlPlane, E2BError, NewSandbox
 
-    plane = ControlPlane(SimpleNamespace())  # type: ignore[arg-type]
+    plane = ControlPlane(SimpleNamespace(), SimpleNamespace(), SimpleNamespace())  # type: ignore[arg-type]
     open_token: Any = SimpleNamespace(ceiling=SimpleNamespace(network=("denied", "open", "allowlist")))
     closed_token: Any = SimpleNamespace(ceiling=SimpleNamespace(network=("denied",)))
 

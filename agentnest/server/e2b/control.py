@@ -31,10 +31,11 @@ from .. import schemas as s
 from ..auth import AuthError, Token
 from ..entries import Entry
 from ..refused import Refused
-from .state import ENVD_VERSION, Box, E2BTemplate, secret_of
+from .state import ENVD_VERSION, Box, Boxes, E2BTemplate, secret_of
 
 if TYPE_CHECKING:
-    from .face import E2BFace
+    from ..service import Service
+    from ..settings import ServerSettings
 
 #: The oldest Python SDK served: 2.35 moved envd calls to the official ``connectrpc``
 #: client; the vendored client before it fails on response fields it does not know.
@@ -116,8 +117,10 @@ def _iso(epoch: float) -> str:
 
 
 class ControlPlane:
-    def __init__(self, face: E2BFace) -> None:
-        self.face = face
+    def __init__(self, service: Service, settings: ServerSettings, boxes: Boxes) -> None:
+        self.service = service
+        self.settings = settings
+        self.boxes = boxes
         self._idempotent: dict[tuple[str, str], tuple[float, str]] = {}
 
     # -- auth ----------------------------------------------------------------------------
@@ -140,14 +143,14 @@ class ControlPlane:
                 401, "missing API key: send X-API-KEY (a token from `agentnest serve token create`)"
             )
         try:
-            token = self.face.settings.tokens.authenticate(secret_of(key.strip()))
+            token = self.settings.tokens.authenticate(secret_of(key.strip()))
         except AuthError as exc:
             raise E2BError(401, f"invalid API key: {exc}") from None
-        self.face.service.tracing.annotate(tenant=token.tenant, token=token.id)
+        self.service.tracing.annotate(tenant=token.tenant, token=token.id)
         return token
 
     async def owned(self, token: Token, sandbox_id: str) -> Entry:
-        service = self.face.service
+        service = self.service
         try:
             entry = service.get(token, sandbox_id)
         except Refused:
@@ -172,8 +175,8 @@ class ControlPlane:
             "trafficAccessToken": owner.access_token,
             "alias": owner.template,
         }
-        if self.face.settings.e2b_domain:
-            doc["domain"] = self.face.settings.e2b_domain
+        if self.settings.e2b_domain:
+            doc["domain"] = self.settings.e2b_domain
         return doc
 
     def _detail(self, owner: Box, *, detail: bool) -> dict[str, Any]:
@@ -196,8 +199,8 @@ class ControlPlane:
         }
         if detail:
             doc["envdAccessToken"] = owner.access_token
-            if self.face.settings.e2b_domain:
-                doc["domain"] = self.face.settings.e2b_domain
+            if self.settings.e2b_domain:
+                doc["domain"] = self.settings.e2b_domain
         return doc
 
     # -- create --------------------------------------------------------------------------
@@ -231,7 +234,7 @@ class ControlPlane:
         return None  # not asked: the template's (a pool's) or the server's default (denied)
 
     def _template(self, name: str) -> E2BTemplate:
-        templates = self.face.settings.e2b_templates
+        templates = self.settings.e2b_templates
         template = templates.get(name)
         if template is None:
             known = ", ".join(sorted(templates)) or "none"
@@ -249,8 +252,8 @@ class ControlPlane:
             now = time.time()
             self._idempotent = {k: v for k, v in self._idempotent.items() if v[0] > now}
             seen = self._idempotent.get((token.id, key))
-            owner = self.face.boxes.get(seen[1]) if seen else None
-            if owner is not None and self.face.alive(owner):
+            owner = self.boxes.get(seen[1]) if seen else None
+            if owner is not None and self.boxes.alive(owner):
                 return JSONResponse(self._sandbox(owner), status_code=201)
         template = self._template(body.template_id)
         ask = template.create_fields()
@@ -269,13 +272,13 @@ class ControlPlane:
                 pass
 
         try:
-            entry = await self.face.service.create(token, create, client_gone=client_gone)
+            entry = await self.service.create(token, create, client_gone=client_gone)
         except AgentNestError as exc:
             raise from_agentnest(exc) from None
         except Refused as exc:
             raise E2BError(exc.status_code, str(exc.detail), exc.headers) from None
         owner = Box(entry, body.template_id, dict(body.metadata or {}), dict(body.env_vars or {}))
-        self.face.boxes[owner.id] = owner
+        self.boxes.add(owner)
         if key:
             self._idempotent[(token.id, key)] = (time.time() + IDEMPOTENCY_TTL, owner.id)
         return JSONResponse(self._sandbox(owner), status_code=201)
@@ -283,14 +286,14 @@ class ControlPlane:
     # -- one sandbox ---------------------------------------------------------------------
 
     async def get(self, request: Request, sandbox_id: str) -> Response:
-        owner = self.face.box_of(await self.owned(self.token(request), sandbox_id))
+        owner = self.boxes.of(await self.owned(self.token(request), sandbox_id))
         return JSONResponse(self._detail(owner, detail=True))
 
     async def kill(self, request: Request, sandbox_id: str) -> Response:
         token = self.token(request)
         entry = await self.owned(token, sandbox_id)
-        await self.face.forget(sandbox_id)
-        await self.face.service.destroy(entry)
+        await self.boxes.forget(sandbox_id)
+        await self.service.destroy(entry)
         return Response(status_code=204)
 
     async def set_timeout(self, request: Request, sandbox_id: str) -> Response:
@@ -332,7 +335,7 @@ class ControlPlane:
             resumed = True
         if body.timeout:
             await self._deadline(token, entry, time.time() + body.timeout, shorten=False)
-        owner = self.face.box_of(entry)
+        owner = self.boxes.of(entry)
         return JSONResponse(self._sandbox(owner), status_code=201 if resumed else 200)
 
     async def resume(self, request: Request, sandbox_id: str) -> Response:
@@ -354,7 +357,7 @@ class ControlPlane:
 
     async def list(self, request: Request, *, v2: bool) -> Response:
         token = self.token(request)
-        service = self.face.service
+        service = self.service
         await service.reap()
         query = request.query_params
         wanted_meta = dict(parse_qsl(query.get("metadata", ""), keep_blank_values=True))
@@ -380,7 +383,7 @@ class ControlPlane:
         next_token = None
         for index in range(start, len(mine)):
             entry = mine[index]
-            owner = self.face.box_of(entry)
+            owner = self.boxes.of(entry)
             doc = self._detail(owner, detail=False)
             if doc["state"] not in states or any(owner.metadata.get(k) != v for k, v in wanted_meta.items()):
                 continue

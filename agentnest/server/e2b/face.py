@@ -36,13 +36,12 @@ from connectrpc.server import ConnectASGIApplication
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from ..entries import Entry
 from . import filesystem, process
 from .control import ControlPlane, E2BError, e2b_error, unsupported
 from .files import download, envd_error, upload
 from .interpreter import Interpreter
 from .rpc import CURRENT, not_found_message
-from .state import Box
+from .state import Box, Boxes
 from .wire import JSONCodec
 
 if TYPE_CHECKING:
@@ -83,8 +82,8 @@ class E2BFace:
     def __init__(self, service: Service, settings: ServerSettings) -> None:
         self.service = service
         self.settings = settings
-        self.boxes: dict[str, Box] = {}
-        self.control = ControlPlane(self)
+        self.boxes = Boxes(service.entries)
+        self.control = ControlPlane(service, settings, self.boxes)
         self.interpreter = Interpreter()
         self._process = _ConnectApp(process.ProcessService(), process.endpoints, "/process.Process")
         self._filesystem = _ConnectApp(
@@ -95,34 +94,9 @@ class E2BFace:
             re.compile(rf"(\d{{1,5}})-([a-z0-9]{{1,64}})\.{re.escape(domain)}(?::\d+)?") if domain else None
         )
 
-    # -- state -------------------------------------------------------------------------------
-
-    def alive(self, owner: Box) -> bool:
-        return self.service.entries.get(owner.id) is owner.entry and owner.entry.deadline > time.time()
-
-    def box_of(self, entry: Entry) -> Box:
-        """The E2B state of a sandbox of the caller (made on first use, e.g. a natively created one)."""
-        owner = self.boxes.get(entry.sandbox.id)
-        if owner is None or owner.entry is not entry:
-            owner = Box(entry, "base")
-            self.boxes[owner.id] = owner
-        return owner
-
-    async def forget(self, sandbox_id: str) -> None:
-        owner = self.boxes.pop(sandbox_id, None)
-        if owner is not None:
-            await owner.close()
-
     async def close(self) -> None:
         """The server stops: end what the face runs (the sandboxes go with the service)."""
-        for sandbox_id in list(self.boxes):
-            await self.forget(sandbox_id)
-
-    async def sweep(self) -> None:
-        """Drop the state of sandboxes that ended (destroyed, reaped, natively or not)."""
-        for sandbox_id, owner in list(self.boxes.items()):
-            if self.service.entries.get(sandbox_id) is not owner.entry:
-                await self.forget(sandbox_id)
+        await self.boxes.close()
 
     # -- the ASGI layer ------------------------------------------------------------------------
 
@@ -181,7 +155,7 @@ class E2BFace:
     async def _control(self, request: Request, sandbox_id: str | None, action: str | None) -> Response:
         method, v2 = request.method, request.url.path.startswith("/v2/")
         control = self.control
-        await self.sweep()
+        await self.boxes.sweep()
         if sandbox_id is None:
             if method == "POST":
                 return await control.create(request)
@@ -205,19 +179,13 @@ class E2BFace:
             raise unsupported(f"{method} {request.url.path[:120]}")
         raise E2BError(404 if action else 405, f"no route {method} {request.url.path[:120]}")
 
-    def _box(self, sandbox_id: str) -> Box | None:
-        owner = self.boxes.get(sandbox_id)
-        if owner is None or not self.alive(owner):
-            return None
-        return owner
-
     async def _data(
         self, scope: Any, receive: Any, send: Any, request: Request, sandbox_id: str, port: int | None
     ) -> Response | None:
         path = request.url.path
         if port is None:
             port = INTERPRETER_PORT if path == "/execute" or path.startswith("/contexts") else ENVD_PORT
-        owner = self._box(sandbox_id)
+        owner = self.boxes.live(sandbox_id)
         if owner is None:
             # E2B's proxy answer for a sandbox that is gone (or never was, or is another
             # tenant's: the access token is per sandbox, so nothing else is told).

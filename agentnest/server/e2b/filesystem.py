@@ -23,9 +23,8 @@ from connectrpc.method import StreamType
 from connectrpc.server import Endpoint
 
 from ...config import FileInfo
-from ...errors import AgentNestError, FileAccessError
 from . import wire as w
-from .rpc import box, check_user, connect_error, keepalive_interval
+from .rpc import box, check_user, connect_error, endpoint, keepalive_interval
 from .state import Box
 from .watch import Watcher
 
@@ -61,10 +60,7 @@ class FilesystemService:
     async def stat(self, request: w.PathRequest, ctx: Any) -> w.EntryResponse:
         check_user(ctx)
         owner = box()
-        try:
-            return w.EntryResponse(entry=await stat_entry(owner, owner.sandbox_path(request.path)))
-        except AgentNestError as exc:
-            raise connect_error(exc) from None
+        return w.EntryResponse(entry=await stat_entry(owner, owner.sandbox_path(request.path)))
 
     async def list_dir(self, request: w.ListDirRequest, ctx: Any) -> w.ListDirResponse:
         check_user(ctx)
@@ -72,13 +68,10 @@ class FilesystemService:
         depth = request.depth or 1
         path = owner.sandbox_path(request.path)
         sandbox = owner.entry.sandbox
-        try:
-            top = await sandbox.stat(path)
-            if top.type != "dir":
-                raise ConnectError(Code.INVALID_ARGUMENT, f"path {request.path[:200]!r} is not a directory")
-            infos = await sandbox.list_files(path, recursive=depth > 1, max_entries=MAX_LIST)
-        except AgentNestError as exc:
-            raise connect_error(exc) from None
+        top = await sandbox.stat(path)
+        if top.type != "dir":
+            raise ConnectError(Code.INVALID_ARGUMENT, f"path {request.path[:200]!r} is not a directory")
+        infos = await sandbox.list_files(path, recursive=depth > 1, max_entries=MAX_LIST)
         base = top.path if top.path not in ("", ".") else ""
         entries = []
         for info in infos:
@@ -92,31 +85,22 @@ class FilesystemService:
         owner = box()
         path = owner.sandbox_path(request.path)
         sandbox = owner.entry.sandbox
-        try:
-            if await sandbox.exists(path):
-                raise ConnectError(Code.ALREADY_EXISTS, f"directory {request.path[:200]!r} already exists")
-            await sandbox.mkdir(path, parents=True)
-            return w.EntryResponse(entry=await stat_entry(owner, path))
-        except AgentNestError as exc:
-            raise connect_error(exc) from None
+        if await sandbox.exists(path):
+            raise ConnectError(Code.ALREADY_EXISTS, f"directory {request.path[:200]!r} already exists")
+        await sandbox.mkdir(path, parents=True)
+        return w.EntryResponse(entry=await stat_entry(owner, path))
 
     async def move(self, request: w.MoveRequest, ctx: Any) -> w.EntryResponse:
         check_user(ctx)
         owner = box()
         destination = owner.sandbox_path(request.destination)
-        try:
-            await owner.entry.sandbox.rename(owner.sandbox_path(request.source), destination)
-            return w.EntryResponse(entry=await stat_entry(owner, destination))
-        except AgentNestError as exc:
-            raise connect_error(exc) from None
+        await owner.entry.sandbox.rename(owner.sandbox_path(request.source), destination)
+        return w.EntryResponse(entry=await stat_entry(owner, destination))
 
     async def remove(self, request: w.PathRequest, ctx: Any) -> w.Empty:
         check_user(ctx)
         owner = box()
-        try:
-            await owner.entry.sandbox.remove_file(owner.sandbox_path(request.path), recursive=True)
-        except AgentNestError as exc:
-            raise connect_error(exc) from None
+        await owner.entry.sandbox.remove_file(owner.sandbox_path(request.path), recursive=True)
         return w.Empty()
 
     async def _watcher(self, request: w.WatchRequest) -> tuple[Watcher, Any]:
@@ -124,16 +108,11 @@ class FilesystemService:
         if len(owner.watchers) >= MAX_WATCHERS:
             raise ConnectError(Code.RESOURCE_EXHAUSTED, f"{MAX_WATCHERS} watchers already in this sandbox")
         path = owner.sandbox_path(request.path)
-        try:
-            info = await owner.entry.sandbox.stat(path)
-            if info.type != "dir":
-                raise ConnectError(Code.INVALID_ARGUMENT, f"path {request.path[:200]!r} is not a directory")
-            watcher = Watcher(owner, info.path if info.path not in ("", ".") else "", request.recursive)
-            return watcher, await watcher.first()
-        except FileAccessError as exc:
-            raise connect_error(exc) from None
-        except AgentNestError as exc:
-            raise connect_error(exc) from None
+        info = await owner.entry.sandbox.stat(path)
+        if info.type != "dir":
+            raise ConnectError(Code.INVALID_ARGUMENT, f"path {request.path[:200]!r} is not a directory")
+        watcher = Watcher(owner, info.path if info.path not in ("", ".") else "", request.recursive)
+        return watcher, await watcher.first()
 
     async def watch_dir(self, request: w.WatchRequest, ctx: Any) -> AsyncIterator[w.WatchDirResponse]:
         check_user(ctx)
@@ -165,7 +144,7 @@ class FilesystemService:
         return w.WatcherId(watcher_id=watcher_id)
 
     def _watcher_of(self, watcher_id: str) -> Watcher:
-        watcher = box().watchers.get(watcher_id)
+        watcher: Watcher | None = box().watchers.get(watcher_id)
         if watcher is None:
             raise ConnectError(Code.NOT_FOUND, f"watcher {watcher_id[:64]!r} not found")
         return watcher
@@ -185,27 +164,18 @@ class FilesystemService:
 
 def endpoints(service: FilesystemService) -> dict[str, Endpoint[Any, Any]]:
     f = w.FILESYSTEM
-    return {
-        f"/{f}/Stat": Endpoint.unary(w.method(f, "Stat", w.PathRequest, w.EntryResponse), service.stat),
-        f"/{f}/ListDir": Endpoint.unary(
-            w.method(f, "ListDir", w.ListDirRequest, w.ListDirResponse), service.list_dir
-        ),
-        f"/{f}/MakeDir": Endpoint.unary(
-            w.method(f, "MakeDir", w.PathRequest, w.EntryResponse), service.make_dir
-        ),
-        f"/{f}/Move": Endpoint.unary(w.method(f, "Move", w.MoveRequest, w.EntryResponse), service.move),
-        f"/{f}/Remove": Endpoint.unary(w.method(f, "Remove", w.PathRequest, w.Empty), service.remove),
-        f"/{f}/WatchDir": Endpoint.server_stream(
-            w.method(f, "WatchDir", w.WatchRequest, w.WatchDirResponse, StreamType.SERVER_STREAM),
-            service.watch_dir,
-        ),
-        f"/{f}/CreateWatcher": Endpoint.unary(
-            w.method(f, "CreateWatcher", w.WatchRequest, w.WatcherId), service.create_watcher
-        ),
-        f"/{f}/GetWatcherEvents": Endpoint.unary(
-            w.method(f, "GetWatcherEvents", w.WatcherId, w.WatcherEvents), service.get_watcher_events
-        ),
-        f"/{f}/RemoveWatcher": Endpoint.unary(
-            w.method(f, "RemoveWatcher", w.WatcherId, w.Empty), service.remove_watcher
-        ),
-    }
+    return dict(
+        [
+            endpoint(f, "Stat", w.PathRequest, w.EntryResponse, service.stat),
+            endpoint(f, "ListDir", w.ListDirRequest, w.ListDirResponse, service.list_dir),
+            endpoint(f, "MakeDir", w.PathRequest, w.EntryResponse, service.make_dir),
+            endpoint(f, "Move", w.MoveRequest, w.EntryResponse, service.move),
+            endpoint(f, "Remove", w.PathRequest, w.Empty, service.remove),
+            endpoint(
+                f, "WatchDir", w.WatchRequest, w.WatchDirResponse, service.watch_dir, StreamType.SERVER_STREAM
+            ),
+            endpoint(f, "CreateWatcher", w.WatchRequest, w.WatcherId, service.create_watcher),
+            endpoint(f, "GetWatcherEvents", w.WatcherId, w.WatcherEvents, service.get_watcher_events),
+            endpoint(f, "RemoveWatcher", w.WatcherId, w.Empty, service.remove_watcher),
+        ]
+    )

@@ -29,7 +29,7 @@ from connectrpc.server import Endpoint
 from ...aio import AsyncExecutionStream
 from ...errors import AgentNestError, ExecutionTimeoutError
 from . import wire as w
-from .rpc import box, check_user, connect_error, keepalive_interval
+from .rpc import box, check_user, endpoint, keepalive_interval
 from .state import Box
 
 #: Commands running at once in one sandbox through this face.
@@ -134,14 +134,15 @@ def _end_event(code: int | None, error: str | None, timed_out: bool, signalled: 
 
 def _find(owner: Box, selector: w.ProcessSelector) -> Proc:
     if selector.pid is not None:
-        proc = owner.processes.get(selector.pid)
+        proc: Proc | None = owner.processes.get(selector.pid)
         if proc is not None:
             return proc
         raise ConnectError(Code.NOT_FOUND, f"process with pid {selector.pid} not found")
     if selector.tag is not None:
-        for proc in owner.processes.values():
-            if proc.tag == selector.tag:
-                return proc
+        procs: list[Proc] = list(owner.processes.values())
+        for each in procs:
+            if each.tag == selector.tag:
+                return each
         raise ConnectError(Code.NOT_FOUND, f"process with tag {selector.tag[:64]!r} not found")
     raise ConnectError(Code.INVALID_ARGUMENT, "a process selector needs a pid or a tag")
 
@@ -171,21 +172,17 @@ class ProcessService:
         pty = (size.rows or 24, size.cols or 80) if request.pty is not None and size is not None else None
         if request.pty is not None and pty is None:
             pty = (24, 80)
-        sandbox = owner.entry.sandbox
-        try:
-            stream = sandbox.stream_exec(
-                [config.cmd, *config.args],
-                timeout=None if timeout_ms is None else max(timeout_ms / 1000.0, 0.001),
-                env={**owner.env, **config.envs},
-                cwd=owner.sandbox_path(config.cwd),
-                interactive=bool(request.stdin),
-                pty=pty,
-                display_command=_display(config),
-            )
-            # Started here, so that a refusal (approval, policy) is this call's error.
-            await stream.__aenter__()
-        except AgentNestError as exc:
-            raise connect_error(exc) from None
+        stream = owner.entry.sandbox.stream_exec(
+            [config.cmd, *config.args],
+            timeout=None if timeout_ms is None else max(timeout_ms / 1000.0, 0.001),
+            env={**owner.env, **config.envs},
+            cwd=owner.sandbox_path(config.cwd),
+            interactive=bool(request.stdin),
+            pty=pty,
+            display_command=_display(config),
+        )
+        # Started here, so that a refusal (approval, policy) is this call's error.
+        await stream.__aenter__()
         proc = Proc(owner.new_pid(), config, request.tag, stream, pty is not None)
         queue = proc.subscribe()
         owner.processes[proc.pid] = proc
@@ -207,10 +204,7 @@ class ProcessService:
         payload = data.pty if data.pty is not None else data.stdin
         if payload is None:
             raise ConnectError(Code.INVALID_ARGUMENT, "input needs stdin or pty bytes")
-        try:
-            await proc.stream.send_input(payload)
-        except AgentNestError as exc:
-            raise connect_error(exc) from None
+        await proc.stream.send_input(payload)
 
     async def send_input(self, request: w.SendInputRequest, ctx: Any) -> w.Empty:
         await self._input(_find(box(), request.process), request.input)
@@ -231,10 +225,7 @@ class ProcessService:
 
     async def close_stdin(self, request: w.SelectorRequest, ctx: Any) -> w.Empty:
         proc = _find(box(), request.process)
-        try:
-            await proc.stream.close_input()
-        except AgentNestError as exc:
-            raise connect_error(exc) from None
+        await proc.stream.close_input()
         return w.Empty()
 
     async def send_signal(self, request: w.SendSignalRequest, ctx: Any) -> w.Empty:
@@ -247,10 +238,7 @@ class ProcessService:
         # Both end the command's whole process tree: it cannot shed the kill by
         # trapping SIGTERM (the guard's cancel is a kill of the tree).
         proc.signalled = signal
-        try:
-            await proc.stream.kill()
-        except AgentNestError as exc:
-            raise connect_error(exc) from None
+        await proc.stream.kill()
         return w.Empty()
 
     async def update(self, request: w.UpdateRequest, ctx: Any) -> w.Empty:
@@ -259,36 +247,28 @@ class ProcessService:
             return w.Empty()
         if not proc.pty:
             raise ConnectError(Code.FAILED_PRECONDITION, f"process {proc.pid} has no terminal to resize")
-        try:
-            await proc.stream.resize(request.pty.size.rows or 24, request.pty.size.cols or 80)
-        except AgentNestError as exc:
-            raise connect_error(exc) from None
+        await proc.stream.resize(request.pty.size.rows or 24, request.pty.size.cols or 80)
         return w.Empty()
 
 
 def endpoints(service: ProcessService) -> dict[str, Endpoint[Any, Any]]:
-    p = w.PROCESS
-    stream = StreamType.SERVER_STREAM
-    return {
-        f"/{p}/Start": Endpoint.server_stream(
-            w.method(p, "Start", w.StartRequest, w.EventResponse, stream), service.start
-        ),
-        f"/{p}/Connect": Endpoint.server_stream(
-            w.method(p, "Connect", w.ConnectRequest, w.EventResponse, stream), service.connect
-        ),
-        f"/{p}/List": Endpoint.unary(w.method(p, "List", w.Empty, w.ListResponse), service.list),
-        f"/{p}/SendInput": Endpoint.unary(
-            w.method(p, "SendInput", w.SendInputRequest, w.Empty), service.send_input
-        ),
-        f"/{p}/StreamInput": Endpoint.client_stream(
-            w.method(p, "StreamInput", w.StreamInputRequest, w.Empty, StreamType.CLIENT_STREAM),
-            service.stream_input,
-        ),
-        f"/{p}/CloseStdin": Endpoint.unary(
-            w.method(p, "CloseStdin", w.SelectorRequest, w.Empty), service.close_stdin
-        ),
-        f"/{p}/SendSignal": Endpoint.unary(
-            w.method(p, "SendSignal", w.SendSignalRequest, w.Empty), service.send_signal
-        ),
-        f"/{p}/Update": Endpoint.unary(w.method(p, "Update", w.UpdateRequest, w.Empty), service.update),
-    }
+    p, stream = w.PROCESS, StreamType.SERVER_STREAM
+    return dict(
+        [
+            endpoint(p, "Start", w.StartRequest, w.EventResponse, service.start, stream),
+            endpoint(p, "Connect", w.ConnectRequest, w.EventResponse, service.connect, stream),
+            endpoint(p, "List", w.Empty, w.ListResponse, service.list),
+            endpoint(p, "SendInput", w.SendInputRequest, w.Empty, service.send_input),
+            endpoint(
+                p,
+                "StreamInput",
+                w.StreamInputRequest,
+                w.Empty,
+                service.stream_input,
+                StreamType.CLIENT_STREAM,
+            ),
+            endpoint(p, "CloseStdin", w.SelectorRequest, w.Empty, service.close_stdin),
+            endpoint(p, "SendSignal", w.SendSignalRequest, w.Empty, service.send_signal),
+            endpoint(p, "Update", w.UpdateRequest, w.Empty, service.update),
+        ]
+    )

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextvars
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
+from connectrpc.method import StreamType
+from connectrpc.server import Endpoint
 
 from ...errors import (
     AgentNestError,
@@ -18,6 +21,7 @@ from ...errors import (
 )
 from .. import schemas as s
 from .state import Box, basic_user, user_problem
+from .wire import Msg, method
 
 #: The sandbox of the data-plane request being served (set by the dispatcher,
 #: after it checked the sandbox's access token).
@@ -76,6 +80,50 @@ def connect_error(exc: AgentNestError) -> ConnectError:
         503: Code.UNAVAILABLE,
     }.get(status, Code.INTERNAL)
     return ConnectError(code, str(exc))
+
+
+def translated(fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+    """A unary (or client-stream) handler whose AgentNest errors answer as :func:`connect_error`."""
+
+    async def call(request: Any, ctx: Any) -> Any:
+        try:
+            return await fn(request, ctx)
+        except AgentNestError as exc:
+            raise connect_error(exc) from None
+
+    return call
+
+
+def translated_stream(
+    fn: Callable[[Any, Any], AsyncIterator[Any]],
+) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    """The same for a server-stream handler."""
+
+    async def call(request: Any, ctx: Any) -> AsyncIterator[Any]:
+        try:
+            async for message in fn(request, ctx):
+                yield message
+        except AgentNestError as exc:
+            raise connect_error(exc) from None
+
+    return call
+
+
+def endpoint(
+    service: str,
+    name: str,
+    request: type[Msg],
+    response: type[Msg],
+    fn: Any,
+    kind: StreamType = StreamType.UNARY,
+) -> tuple[str, Endpoint[Any, Any]]:
+    """One RPC's path and endpoint, its AgentNest errors answered as Connect errors."""
+    info = method(service, name, request, response, kind)
+    if kind is StreamType.SERVER_STREAM:
+        return f"/{service}/{name}", Endpoint.server_stream(info, translated_stream(fn))
+    if kind is StreamType.CLIENT_STREAM:
+        return f"/{service}/{name}", Endpoint.client_stream(info, translated(fn))
+    return f"/{service}/{name}", Endpoint.unary(info, translated(fn))
 
 
 def check_user(ctx: Any) -> None:

@@ -27,9 +27,6 @@ from ...profiles import Profile
 
 if TYPE_CHECKING:
     from ..entries import Entry
-    from .interpreter import Context
-    from .process import Proc
-    from .watch import Watcher
 
 #: E2B's home directory: the sandbox's workspace stands in for it.
 HOME = "/home/user"
@@ -209,9 +206,11 @@ class Box:
     env: dict[str, str] = field(default_factory=dict)
     access_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     started_at: float = field(default_factory=time.time)
-    processes: dict[int, Proc] = field(default_factory=dict)
-    contexts: dict[str, Context] = field(default_factory=dict)
-    watchers: dict[str, Watcher] = field(default_factory=dict)
+    # The data plane's own objects (process.Proc, interpreter.Context, watch.Watcher), typed
+    # there: this module knows none of the features, so nothing here imports them.
+    processes: dict[int, Any] = field(default_factory=dict)
+    contexts: dict[str, Any] = field(default_factory=dict)
+    watchers: dict[str, Any] = field(default_factory=dict)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     next_pid: int = 1000
     default_context: str | None = None
@@ -271,3 +270,48 @@ class Box:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Boxes:
+    """The E2B state of a server's sandboxes, by id; a box lives as long as its sandbox's entry."""
+
+    def __init__(self, entries: Mapping[str, Entry]) -> None:
+        self._entries = entries
+        self._boxes: dict[str, Box] = {}
+
+    def add(self, owner: Box) -> None:
+        self._boxes[owner.id] = owner
+
+    def get(self, sandbox_id: str) -> Box | None:
+        return self._boxes.get(sandbox_id)
+
+    def alive(self, owner: Box) -> bool:
+        return self._entries.get(owner.id) is owner.entry and owner.entry.deadline > time.time()
+
+    def live(self, sandbox_id: str) -> Box | None:
+        """The box of a sandbox that still runs (None: gone, or never known here)."""
+        owner = self._boxes.get(sandbox_id)
+        return owner if owner is not None and self.alive(owner) else None
+
+    def of(self, entry: Entry) -> Box:
+        """The E2B state of a sandbox of the caller (made on first use, e.g. a natively created one)."""
+        owner = self._boxes.get(entry.sandbox.id)
+        if owner is None or owner.entry is not entry:
+            owner = Box(entry, "base")
+            self._boxes[owner.id] = owner
+        return owner
+
+    async def forget(self, sandbox_id: str) -> None:
+        owner = self._boxes.pop(sandbox_id, None)
+        if owner is not None:
+            await owner.close()
+
+    async def sweep(self) -> None:
+        """Drop the state of sandboxes that ended (destroyed, reaped, natively or not)."""
+        for sandbox_id, owner in list(self._boxes.items()):
+            if self._entries.get(sandbox_id) is not owner.entry:
+                await self.forget(sandbox_id)
+
+    async def close(self) -> None:
+        for sandbox_id in list(self._boxes):
+            await self.forget(sandbox_id)
