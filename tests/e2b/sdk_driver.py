@@ -608,7 +608,55 @@ def scenario_smolagents(args: dict[str, Any], c: Checks) -> None:
     c.check("gone", lambda: sdk().Sandbox.connect(sid).sandbox_id)
 
 
+def scenario_terminal(args: dict[str, Any], c: Checks) -> None:
+    """A pty (input, resize, exit), a directory watch, and pause then connect (a resume)."""
+    e2b = sdk()
+    sbx = c.check("create", lambda: e2b.Sandbox.create(timeout=120), lambda s: {"sandbox_id": s.sandbox_id})
+    if sbx is None:
+        return
+    size = importlib.import_module("e2b.sandbox.commands.command_handle").PtySize
+    out: list[bytes] = []
+    pty = c.check("pty_create", lambda: sbx.pty.create(size(rows=24, cols=80)), lambda h: {"pid": h.pid})
+    if pty is not None:
+        c.check("pty_send", lambda: sbx.pty.send_stdin(pty.pid, b"echo pty-$((40+2))\n"))
+        c.check("pty_resize", lambda: sbx.pty.resize(pty.pid, size(rows=30, cols=100)))
+        c.check("pty_size_and_exit", lambda: sbx.pty.send_stdin(pty.pid, b"stty size; exit 7\n"))
+
+        def waited() -> dict[str, Any]:
+            try:
+                result = pty.wait(on_pty=lambda data: out.append(bytes(data)))
+                code = result.exit_code
+            except BaseException as exc:  # a non-zero exit raises; its code is what matters
+                code = getattr(exc, "exit_code", None)
+            return {"exit_code": code, "output": b"".join(out).decode("utf-8", "replace")}
+
+        c.check("pty_wait", waited)
+
+    watcher = c.check(
+        "watch_start", lambda: sbx.files.watch_dir("/home/user", recursive=True), lambda w: True
+    )
+    if watcher is not None:
+        c.check("watch_write", lambda: sbx.files.write("watched/a.txt", "x") and True)
+
+        def events() -> list[list[str]]:
+            seen: list[list[str]] = []
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and ["watched/a.txt", "CREATE"] not in seen:
+                seen += [[e.name, e.type.name] for e in watcher.get_new_events()]
+                time.sleep(0.1)
+            return seen
+
+        c.check("watch_events", events)
+        c.check("watch_stop", lambda: watcher.stop() or True)
+    c.check("pause", lambda: sbx.pause() or True)
+    c.check("state_paused", lambda: str(e2b.Sandbox.get_info(sbx.sandbox_id).state.value))
+    c.check("connect_resumes", lambda: e2b.Sandbox.connect(sbx.sandbox_id).commands.run("echo back").stdout)
+    c.check("state_running", lambda: str(e2b.Sandbox.get_info(sbx.sandbox_id).state.value))
+    c.check("kill", sbx.kill)
+
+
 SCENARIOS: dict[str, Callable[[dict[str, Any], Checks], None]] = {
+    "terminal": scenario_terminal,
     "create": scenario_create,
     "kill": scenario_kill,
     "lifecycle": scenario_lifecycle,
