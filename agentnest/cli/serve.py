@@ -148,6 +148,14 @@ def register(commands: Commands) -> None:
         "$AGENTNEST_ADVERTISE_URL, else http://HOST:PORT when --host is a specific address)",
     )
     parser.add_argument(
+        "--approvals",
+        default=None,
+        metavar="RULES.yaml",
+        help="approval rules asked before every operation in every sandbox, whichever API it came "
+        "through ({default, rules: [{kind, match, action}]}; docs/guard.md); the raw agent channel "
+        "(the remote backend) is then refused",
+    )
+    parser.add_argument(
         "--no-e2b",
         action="store_true",
         help="do not serve the E2B-compatible API on this port (docs/e2b.md); it is on by default",
@@ -557,6 +565,7 @@ def check_bind(host: str, tls: bool, insecure: bool) -> None:
 def settings_from_args(args: argparse.Namespace) -> Any:
     """The :class:`~agentnest.server.app.ServerSettings` the options describe."""
     from ..audit import JsonLogObserver
+    from ..profiles import load_rules
     from ..server.app import ServerSettings
     from ..server.pools import load_pools
 
@@ -588,6 +597,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         server_timeout=args.server_timeout,
         leader_lease=args.leader_lease,
         advertise_url=_advertise_url(args),
+        approvals=None if args.approvals is None else load_rules(args.approvals),
         e2b=not args.no_e2b,
         e2b_templates=_e2b_templates(args.e2b_template),
         e2b_domain=args.e2b_domain,

@@ -857,6 +857,15 @@ def create_app(settings: ServerSettings) -> FastAPI:
             # about whether the sandbox exists.
             await websocket.close(code=1008, reason=str(exc.detail)[:120])
             return
+        if settings.approvals is not None:
+            # The raw channel carries operations the server only reads, never holds: with
+            # server-wide approval rules it would be the one path around them.  Accepted, then
+            # closed, so that the client reads why (a refused handshake says only 403).
+            await websocket.accept()
+            await websocket.close(
+                code=1008, reason="this server asks approval for every operation: use the HTTP API"
+            )
+            return
         if entry.channels >= MAX_CHANNELS:
             await websocket.close(code=1013, reason=f"at most {MAX_CHANNELS} channels per sandbox")
             return

@@ -360,6 +360,7 @@ class Service(AdmitMixin, DatabaseMixin):
                             read_only_root=body.read_only_root,
                             security_policy=policy,
                             observers=self.observers(tenant.name, token.id),
+                            approval_hook=self.settings.approvals,
                         )
                 except BaseException as exc:
                     self.admission.release(grant)
@@ -552,6 +553,7 @@ class Service(AdmitMixin, DatabaseMixin):
                 max_pids=spec.pids,
             ),
             observers=self.observers(POOL_PREFIX + spec.name, None),
+            approval_hook=self.settings.approvals,
         )
 
     async def destroy_sandbox(self, sandbox: AsyncSandbox) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..approvals import RuleApprover
 from ..errors import ConfigurationError
 from ..events import Observer
 from ..runtime.base import RuntimeBackend
@@ -71,6 +72,9 @@ class ServerSettings:
         advertise_url: where the other replicas reach this server (``http://10.0.0.7:8700``):
             requests for its sandboxes that reach them are forwarded here
             (:mod:`agentnest.server.forward`).  ``None``: not reachable; they answer 404.
+        approvals: approval rules asked before every operation in every sandbox the server
+            starts (``agentnest serve --approvals RULES.yaml``; :func:`agentnest.profiles.load_rules`),
+            whichever API the operation came through; a denial is the client's 403.
         e2b: serve the E2B-compatible API on the same port (:mod:`agentnest.server.e2b`, docs/e2b.md).
         e2b_templates: what each E2B template name means here (:class:`~agentnest.server.e2b.E2BTemplate`:
             a warm pool, or an image and backend); ``base`` and ``code-interpreter-v1`` by default.
@@ -105,6 +109,7 @@ class ServerSettings:
     leader_lease: float = 15.0
     advertise_url: str | None = None
     verify_interval: float = 10.0
+    approvals: RuleApprover | None = None
     e2b: bool = True
     e2b_templates: Mapping[str, E2BTemplate] = dataclasses.field(
         default_factory=lambda: dict(DEFAULT_TEMPLATES)
@@ -135,6 +140,8 @@ class ServerSettings:
                 f"advertise_url={self.advertise_url!r} must be http://HOST:PORT or https://HOST:PORT "
                 "(where the other replicas reach this server), with no path"
             )
+        if self.approvals is not None and not isinstance(self.approvals, RuleApprover):
+            raise ConfigurationError("approvals must be a RuleApprover (agentnest.profiles.load_rules)")
         if not all(isinstance(n, str) and isinstance(t, E2BTemplate) for n, t in self.e2b_templates.items()):
             raise ConfigurationError("e2b_templates must map template names to E2BTemplate objects")
         if self.e2b_domain is not None and not re.fullmatch(r"[a-z0-9.-]{1,200}", self.e2b_domain):

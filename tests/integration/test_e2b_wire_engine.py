@@ -344,3 +344,57 @@ def test_stream_input_feeds_a_running_command(live: Live) -> None:
     assert ends[0]["exited"] is True and ends[0]["status"] == "exit status 0"
     with live.api(live.alice) as api:
         api.delete(f"/sandboxes/{sandbox['sandboxID']}")
+
+
+def test_server_approval_rules_hold_on_every_api(tmp_path: Path) -> None:
+    """`serve --approvals`: an E2B command, a native exec and an E2B file write the rules refuse
+    are refused (and nothing ran); what they allow runs; the raw agent channel is refused."""
+    import websockets.sync.client
+
+    from agentnest.approvals import ApprovalRule, RuleApprover
+    from agentnest.server.e2b import e2b_key
+
+    store = TokenStore(tmp_path / "tokens.json")
+    _, secret = store.create("ops", Ceiling(max_sandboxes=2, max_timeout=300.0))
+    rules = RuleApprover(
+        (
+            ApprovalRule(action="deny", kind="exec", match="*forbidden*"),
+            ApprovalRule(action="deny", kind="file.write", match="/workspace/locked/*"),
+        ),
+        default="allow",
+    )
+    settings = ServerSettings(
+        tokens=store, backends={"docker": "docker"}, image=base_image(), approvals=rules
+    )
+    with serve_in_thread(create_app(settings)) as url:
+        live = Live(url, e2b_key(secret), secret, MemoryObserver(), tmp_path / "none")
+        sandbox = live.create(live.alice)
+        with data_client(live, sandbox) as c:
+            refused = start(c, "echo forbidden > /workspace/marker")
+            assert refused[-1][1]["error"]["code"] == "permission_denied", refused
+            allowed = start(c, "ls /workspace/marker || echo absent")
+            text = "".join(
+                __import__("base64").b64decode(d["event"]["data"]["stdout"]).decode()
+                for _, d in allowed
+                if "stdout" in d.get("event", {}).get("data", {})
+            )
+            assert "absent" in text  # the refused command never ran
+            octets = {"Content-Type": "application/octet-stream"}
+            w = c.post("/files", params={"path": "locked/x"}, content=b"x", headers=octets)
+            assert w.status_code == 403, w.text
+            assert (
+                c.post("/files", params={"path": "open/x"}, content=b"x", headers=octets).status_code == 200
+            )
+        native = {"Authorization": f"Bearer {secret}"}
+        with httpx.Client(base_url=url, headers=native, timeout=60) as n:
+            r = n.post(f"/v1/sandboxes/{sandbox['sandboxID']}/exec", json={"shell": "echo forbidden"})
+            assert r.status_code == 403 and r.json()["code"] == "policy_denied", r.text
+        ws_url = url.replace("http://", "ws://") + f"/v1/sandboxes/{sandbox['sandboxID']}/channel"
+        from websockets.exceptions import ConnectionClosed
+
+        with (
+            pytest.raises(ConnectionClosed) as closed,
+            websockets.sync.client.connect(ws_url, additional_headers=native) as ws,
+        ):
+            ws.recv(timeout=10)
+        assert "approval" in str(closed.value)
