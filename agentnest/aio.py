@@ -934,11 +934,6 @@ class AsyncExecutionStream:
 
     close = aclose
 
-    @property
-    def started(self) -> bool:
-        """Whether the command was started (by ``async with`` or the first iteration)."""
-        return self._handle is not None
-
     def _running(self) -> ExecHandle:
         handle = self._handle
         if handle is None:

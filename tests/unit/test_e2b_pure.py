@@ -292,7 +292,12 @@ def test_shell_escapes_as_a_notebook_kernel_runs_them() -> None:
     assert "_agentnest_shell_('pip install pillow numpy')" in out
     assert "    _agentnest_shell_('echo $HOME')" in out and "_agentnest_shell_('pip install x')" in out
     compile(out, "<cell>", "exec")  # valid Python now
-    ns: dict[str, Any] = {}
-    exec(compile(shell_escapes("!echo from-a-shell"), "<cell>", "exec"), ns)
+    import contextlib
+    import io
+
+    out_buffer = io.StringIO()
+    with contextlib.redirect_stdout(out_buffer):
+        exec(compile(shell_escapes("!echo from-a-shell"), "<cell>", "exec"), {})
+    assert out_buffer.getvalue() == "from-a-shell\n"  # the command ran in a shell, its output on stdout
     broken = "def f(:\n    pass"
     assert shell_escapes(broken) == broken  # a real syntax error stays one

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -89,9 +90,6 @@ def _language_problem(language: str | None) -> str | None:
 class Interpreter:
     """Contexts and runs of every sandbox (state lives in each :class:`Box`)."""
 
-    def __init__(self) -> None:
-        self._opening: dict[str, asyncio.Lock] = {}
-
     async def _open(self, owner: Box, cwd: str | None) -> Context:
         entry = owner.entry
         if len(entry.sessions) >= MAX_SESSIONS:
@@ -123,8 +121,7 @@ class Interpreter:
             pass  # the sandbox is going, its sessions with it
 
     async def _default(self, owner: Box) -> Context:
-        lock = self._opening.setdefault(owner.id, asyncio.Lock())
-        async with lock:
+        async with owner.opening:
             context = owner.contexts.get(owner.default_context or "")
             if context is None:
                 context = await self._open(owner, None)
@@ -231,6 +228,7 @@ class _Refused(Exception):
         self.message = message
 
 
+_ESCAPE = re.compile(r"^[ \t]*(?:!|%pip |%conda )", re.MULTILINE)
 _SHELL_HELPER = (
     "def _agentnest_shell_(command):\n"
     "    import subprocess as _s, sys as _y\n"
@@ -248,6 +246,8 @@ def shell_escapes(code: str) -> str:
     ignored, as IPython does.  Agent frameworks send these (smolagents' E2B
     executor installs its packages with ``!pip install``).
     """
+    if _ESCAPE.search(code) is None:
+        return code  # the common case: no line that could be one, nothing compiled here
     try:
         compile(code, "<cell>", "exec", dont_inherit=True)
         return code

@@ -205,7 +205,6 @@ class Box:
     metadata: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     access_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
-    started_at: float = field(default_factory=time.time)
     # The data plane's own objects (process.Proc, interpreter.Context, watch.Watcher), typed
     # there: this module knows none of the features, so nothing here imports them.
     processes: dict[int, Any] = field(default_factory=dict)
@@ -214,6 +213,8 @@ class Box:
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     next_pid: int = 1000
     default_context: str | None = None
+    opening: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while the default code context is opened (two first runs open one, not two)."""
 
     @property
     def id(self) -> str:
