@@ -16,7 +16,65 @@ from typing import Any
 
 from ...errors import BackendError, ImageNotFoundError, RuntimeNotAvailableError
 
-__all__ = ["Background", "explain", "map_docker_errors", "missing_image_hint", "raw_socket"]
+__all__ = ["Background", "engine_client", "explain", "map_docker_errors", "missing_image_hint", "raw_socket"]
+
+_FIX = "start it (`make engine`, or `sudo systemctl start docker`) or set DOCKER_HOST"
+
+
+def engine_client(timeout: float, **kwargs: Any) -> Any:
+    """A docker-py ``APIClient`` whose every request fails in AgentNest's tree.
+
+    docker-py lets ``requests`` errors through (a stopped engine is a
+    ``ConnectionError``, one that accepts and never answers a ``ReadTimeout``
+    after ``timeout`` seconds).  Mapped here, in ``send``, they cannot escape
+    from any call of any module, wrapped in :func:`map_docker_errors` or not.
+    """
+    import docker
+    import requests.exceptions
+    from docker.constants import DEFAULT_DOCKER_API_VERSION
+
+    class EngineClient(docker.APIClient):
+        def send(self, request: Any, **kw: Any) -> Any:
+            try:
+                return super().send(request, **kw)
+            except requests.exceptions.Timeout:
+                raise RuntimeNotAvailableError(
+                    f"the Docker engine did not answer {request.method} {_path(request.url)} within "
+                    f"{timeout:g}s; check that dockerd is healthy (`docker info`), or raise "
+                    "AGENTNEST_DOCKER_TIMEOUT / DockerSpec(api_timeout=) for a slow engine"
+                ) from None
+            except requests.exceptions.ConnectionError as exc:
+                raise RuntimeNotAvailableError(
+                    f"the Docker engine is not reachable ({str(exc)[:200]}); {_FIX}"
+                ) from None
+
+    version = kwargs.pop("version", None)
+    auto = version is None or str(version).lower() == "auto"
+    # The version is asked for here rather than in the constructor: a client
+    # whose first request fails is closed, not left to the garbage collector
+    # with a socket open.
+    client = EngineClient(
+        timeout=timeout,  # type: ignore[arg-type]
+        version=DEFAULT_DOCKER_API_VERSION if auto else version,
+        **kwargs,
+    )
+    if auto:
+        try:
+            found = client.version(api_version=False).get("ApiVersion")
+        except BaseException:
+            client.close()
+            raise
+        if not isinstance(found, str) or not found:
+            client.close()
+            raise RuntimeNotAvailableError(f"the Docker engine did not say its API version ({found!r:.40})")
+        client._version = found  # type: ignore[attr-defined]
+    return client
+
+
+def _path(url: Any) -> str:
+    text = str(url or "")
+    start = text.find("/", text.find("//") + 2) if "//" in text else 0
+    return text[max(start, 0) :].split("?", 1)[0][:120]
 
 
 @contextlib.contextmanager
@@ -35,8 +93,7 @@ def map_docker_errors(what: str, image: str | None = None) -> Iterator[None]:
         raise BackendError(f"{what}: the engine refused: {explain(exc)}") from None
     except (requests.exceptions.ConnectionError, docker.errors.DockerException) as exc:
         raise RuntimeNotAvailableError(
-            f"{what}: the Docker engine is not reachable ({str(exc)[:200]}); "
-            "start it (`make engine`, or `sudo systemctl start docker`) or set DOCKER_HOST"
+            f"{what}: the Docker engine is not reachable ({str(exc)[:200]}); {_FIX}"
         ) from None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -9,7 +10,12 @@ from types import MappingProxyType
 from ...errors import ConfigurationError
 from . import egress, images
 
-__all__ = ["DockerSpec"]
+__all__ = ["DEFAULT_API_TIMEOUT", "DockerSpec"]
+
+#: Seconds an engine API call may wait for an answer (see ``DockerSpec.api_timeout``).
+#: Long enough for a slow create or removal on a loaded host; every call of the
+#: backend is a short one (images are built and loaded elsewhere, with their own limits).
+DEFAULT_API_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,10 @@ class DockerSpec:
             of its configuration ready for the next (``Capability.WARM_FORK``:
             runc, a local storage pool, a network-denied sandbox); ``False``
             creates every child from scratch.  See docs/state.md.
+        api_timeout: seconds an engine API call may go without an answer
+            before it fails with :class:`~agentnest.errors.RuntimeNotAvailableError`
+            (an engine that accepts but never answers must not hang the caller);
+            ``None`` reads ``$AGENTNEST_DOCKER_TIMEOUT``, else 60.
 
     .. versionchanged:: 0.4.0 the ``egress_*``, ``proxy_*``,
        ``network_oci_runtime`` and ``image_aliases`` fields.
@@ -72,6 +82,7 @@ class DockerSpec:
     image_aliases: Mapping[str, str] | None = field(default=None, hash=False)
     storage: str | None = None
     warm_forks: bool = True
+    api_timeout: float | None = None
 
     def __post_init__(self) -> None:
         from ...egress.proxy import Rules
@@ -86,6 +97,30 @@ class DockerSpec:
         object.__setattr__(self, "egress_hosts", MappingProxyType(dict(hosts)))
         if self.image_aliases is not None:
             object.__setattr__(self, "image_aliases", images.checked_image_aliases(self.image_aliases))
+        if self.api_timeout is not None and not (
+            isinstance(self.api_timeout, (int, float)) and 0 < self.api_timeout <= 3600
+        ):
+            raise ConfigurationError(
+                f"api_timeout must be seconds in (0, 3600], not {self.api_timeout!r:.40}"
+            )
+
+    def engine_timeout(self) -> float:
+        """The engine API timeout in seconds (``api_timeout``, ``$AGENTNEST_DOCKER_TIMEOUT``, or 60)."""
+        if self.api_timeout is not None:
+            return float(self.api_timeout)
+        raw = os.environ.get("AGENTNEST_DOCKER_TIMEOUT", "").strip()
+        if not raw:
+            return DEFAULT_API_TIMEOUT
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 < value <= 3600:
+            raise ConfigurationError(
+                f"AGENTNEST_DOCKER_TIMEOUT={raw!r:.40} is not a number of seconds in (0, 3600]; "
+                "unset it or fix it"
+            )
+        return value
 
     def allowlist_oci_runtime(self) -> str:
         """The OCI runtime an allowlisted sandbox runs with (see ``network_oci_runtime``)."""
