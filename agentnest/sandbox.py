@@ -355,7 +355,8 @@ class Sandbox:
 
     # -- channel ---------------------------------------------------------------
 
-    def _connect(self, *, attached: bool = False) -> Channel:
+    def _connect(self, *, attached: bool = False, answer_within: float = 60.0) -> Channel:
+        """Open the agent channel (``answer_within``: seconds a restored or lingering agent has to answer)."""
         stream = self._backend.open_channel(self._handle)
         # A live fork's child, or a sandbox resumed from its checkpoint: its
         # agent is a restored one, which takes a reconnect frame, not the
@@ -364,7 +365,7 @@ class Sandbox:
         try:
             if isinstance(ids, int):
                 try:
-                    self._channel = Channel.connect(stream, None, timeout=60.0, after=ids)
+                    self._channel = Channel.connect(stream, None, timeout=answer_within, after=ids)
                     return self._channel
                 except ChannelError:
                     if not (attached and self._backend.is_running(self._handle)):
@@ -520,7 +521,10 @@ class Sandbox:
                 # agent): reach the same one again, its commands and sessions
                 # with it; a new agent only if it does not answer.
                 self._handle.info["reconnect_ids"] = ch.next_id()
-                ch = self._connect(attached=True)
+                # A live agent answers at once; one that is stopped or wedged
+                # (the reason the stream was dropped, perhaps) gets a stall's
+                # worth of time, then a new agent takes over.
+                ch = self._connect(attached=True, answer_within=STALL_AFTER)
                 reattached = not self._handle.info.pop("agent_replaced", False)
                 self._guard.emit(
                     EventType.AGENT_RESTARTED,
@@ -1498,7 +1502,14 @@ class Sandbox:
             self._destroyed = True
             if self._channel is not None:
                 self._channel.close("sandbox destroyed")
-            self._backend.destroy(self._handle)
+            try:
+                self._backend.destroy(self._handle)
+            except BaseException:
+                # Not removed (the engine is down or did not answer): the
+                # sandbox still exists, so a later destroy()/close() tries
+                # again instead of returning as if it were gone.
+                self._destroyed = False
+                raise
             stop = self._stop_egress
             if stop is not None:
                 stop()  # the proxy's last reports came in while it was removed

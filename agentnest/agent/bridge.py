@@ -27,10 +27,12 @@ def relay(path: str, wait: float = 0.0) -> int:
     # A new pod's keeper may still be starting its agent: wait for the socket
     # up to ``wait`` seconds (no inotify in the stdlib: a short poll).
     deadline = time.monotonic() + wait
+    # "@name": an abstract socket (argv cannot carry its leading NUL byte).
+    address = "\0" + path[1:] if path.startswith("@") else path
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.connect(path)
+            sock.connect(address)
             break
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()

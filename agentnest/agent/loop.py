@@ -49,12 +49,19 @@ DEFAULT_MAX_READ = 64 * 1024 * 1024
 
 
 class Agent:
-    def __init__(self, rfd: int = 0, wfd: int = 1, listen: Optional[str] = None) -> None:
+    def __init__(
+        self, rfd: int = 0, wfd: int = 1, listen: Optional[str] = None, linger: Optional[str] = None
+    ) -> None:
         self.rfd = rfd
         self.wfd = wfd
         # Listen mode (Kubernetes: see listen()): hosts connect through a unix
         # socket at this path, one at a time; the agent outlives each of them.
-        self.listen_path = listen
+        # Linger mode (Docker: see main()): the first host is on stdio, and
+        # the agent also listens at ``linger``, so that when that stream is
+        # lost (the engine restarted) a host reaches this same agent again,
+        # its commands and sessions with it.
+        self.listen_path = listen or linger
+        self._stdio = listen is None
         self._listener: Any = None
         self._conn: Any = None
         self.decoder = wire.Decoder(max_body_bytes=16 * 1024 * 1024)
@@ -102,17 +109,25 @@ class Agent:
             data = data[n:]
 
     def _host_gone(self) -> None:
-        """The host's side closed: end (stdio), or wait for the next host (listen mode)."""
+        """The host's side closed: end (stdio), or wait for the next host (listen and linger modes)."""
         if self.listen_path is None:
             self.running = False
             return
-        if self._conn is not None:
+        if self.rfd >= 0:
             try:
                 self.sel.unregister(self.rfd)
             except (KeyError, ValueError):
                 pass
+        if self._conn is not None:
             self._conn.close()
             self._conn = None
+        elif self._stdio and self.rfd >= 0:
+            # The first host's stdio: let go of the engine's pipes (nothing
+            # more is read from or written to them).
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in {self.rfd, self.wfd}:
+                os.dup2(devnull, fd)
+            os.close(devnull)
         self.rfd = self.wfd = -1
 
     def _accept(self) -> None:
@@ -155,8 +170,15 @@ class Agent:
         signal.signal(signal.SIGUSR2, lambda *_: None)
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         if self.listen_path is not None:
-            self._listener = _listen(self.listen_path)
-            self.sel.register(self._listener, selectors.EVENT_READ, "listen")
+            try:
+                self._listener = _listen(self.listen_path)
+            except OSError:
+                if not self._stdio:
+                    raise
+                self.listen_path = None  # linger is a bonus: serve stdio without it
+            else:
+                self.sel.register(self._listener, selectors.EVENT_READ, "listen")
+        if not self._stdio:
             self.rfd = self.wfd = -1
         else:
             os.set_blocking(self.rfd, False)
@@ -167,7 +189,7 @@ class Agent:
         finally:
             # However the loop ends (host gone, or a bug), leave no command running.
             for cmd in list(self.commands.values()):
-                execmod.kill_tree(cmd.pid, cmd.marker)
+                execmod.kill_tree(cmd.pid, cmd.marker, cmd.status is None)
             if self._sessions is not None:
                 self._sessions.kill_all()
 
@@ -436,8 +458,22 @@ class Agent:
             if pty is None:
                 self.error(rid, "invalid", 'pty must be {"rows": 1..65535, "cols": 1..65535}')
                 return
+        timeout = h.get("timeout")
+        seconds = float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else None
         try:
-            cmd = execmod.spawn(rid, argv, env, cwd, bool(h.get("stdin")), limit, self.token, pty)
+            # A command that can time out is made a child subreaper, so its
+            # tree's orphans stay attributable to it (see exec.py).
+            cmd = execmod.spawn(
+                rid,
+                argv,
+                env,
+                cwd,
+                bool(h.get("stdin")),
+                limit,
+                self.token,
+                pty,
+                subreaper=seconds is not None,
+            )
         except OSError as exc:
             # Report like a shell would: 127 not found, 126 not executable.
             code = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -459,9 +495,8 @@ class Agent:
                 }
             )
             return
-        timeout = h.get("timeout")
-        if isinstance(timeout, (int, float)) and timeout > 0:
-            cmd.deadline = cmd.started + float(timeout)
+        if seconds is not None:
+            cmd.deadline = cmd.started + seconds
         self.commands[rid] = cmd
         self.by_pid[cmd.pid] = cmd
         for fd in cmd.fds:
@@ -580,7 +615,9 @@ class Agent:
         for cmd in list(self.commands.values()):
             if cmd.deadline is not None and now >= cmd.deadline and not cmd.timed_out:
                 cmd.timed_out = True
-                execmod.kill_tree(cmd.pid, cmd.marker)
+                # The top may have exited already, its output still draining:
+                # then its pid is no longer its own.
+                execmod.kill_tree(cmd.pid, cmd.marker, cmd.status is None)
                 # Whatever escaped the kill must not hold the reply back.
                 cmd.deadline = None
 
@@ -639,7 +676,13 @@ def _interpreter() -> Any:
 
 
 def main() -> None:
-    Agent().run()
+    # Docker sets AGENTNEST_REATTACH, an abstract unix socket name ("@..."):
+    # it lives in the sandbox's own network namespace and leaves no file in
+    # it.  See Agent's linger mode.  A process that connects there is as
+    # trusted as any process of the sandbox, which runs as the agent's own
+    # user: it can kill or impersonate the agent anyway, and the host treats
+    # every byte it reads as untrusted (DESIGN.md).
+    Agent(linger=os.environ.get("AGENTNEST_REATTACH") or None).run()
 
 
 def listen(path: str) -> None:
@@ -655,16 +698,33 @@ def listen(path: str) -> None:
 
 
 def _listen(path: str) -> Any:
+    """A listening unix socket at ``path``; ``@name`` is an abstract one (no file: see main())."""
     import socket
 
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if path.startswith("@"):
+        try:
+            sock.bind("\0" + path[1:])
+        except OSError:
+            sock.close()
+            raise
+        sock.listen(4)
+        sock.setblocking(False)
+        return sock
     try:
-        os.unlink(path)  # a previous agent's, in the same pod
+        os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+    except OSError:
+        pass  # bind() below says what is wrong
+    try:
+        os.unlink(path)  # a previous agent's, in the same sandbox
     except FileNotFoundError:
         pass
     old = os.umask(0o077)  # the socket: this user's only
     try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(path)
+    except OSError:
+        sock.close()
+        raise
     finally:
         os.umask(old)
     sock.listen(4)

@@ -44,7 +44,7 @@ from ...policy import NetworkMode
 from .. import bootstrap, mounts, storage
 from ..base import Capability, RuntimeBackend, SandboxHandle
 from . import checkpoint, egress, gpus, images, labels, seccomp
-from .engine import Background, map_docker_errors, missing_image_hint, raw_socket
+from .engine import Background, engine_client, map_docker_errors, missing_image_hint, raw_socket
 from .freeze import Freezer
 from .live import LiveState
 from .spec import DockerSpec
@@ -56,6 +56,10 @@ if TYPE_CHECKING:
 _GVISOR_OVERHEAD = 48 * 2**20
 #: How long a warm container (create_spare) may wait to become a fork's child.
 SPARE_MAX_AGE = 300.0
+#: The agent's second door (see Agent's linger mode): an abstract unix socket,
+#: which exists only in the sandbox's own network namespace and leaves no file
+#: in the sandbox (its /tmp stays the user's).
+REATTACH_SOCKET = "@agentnest-agent"
 _CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -85,7 +89,6 @@ class DockerBackend(RuntimeBackend):
             with self._lock:
                 if self._api is None:
                     try:
-                        import docker
                         from docker.utils import kwargs_from_env
                     except ImportError:  # pragma: no cover - docker is a core dependency
                         raise MissingDependencyError(
@@ -95,7 +98,7 @@ class DockerBackend(RuntimeBackend):
                         kwargs: dict[str, Any] = dict(kwargs_from_env())
                         if self.spec.docker_host:
                             kwargs["base_url"] = self.spec.docker_host
-                        self._api = docker.APIClient(version="auto", timeout=120, **kwargs)
+                        self._api = engine_client(self.spec.engine_timeout(), version="auto", **kwargs)
         return self._api
 
     def engine_info(self) -> dict[str, Any]:
@@ -468,6 +471,9 @@ class DockerBackend(RuntimeBackend):
         }
         env.update(config.container_environment())
         env["AGENTNEST_WORKSPACE"] = config.workdir
+        # Where the agent also listens, so the host can reach the same agent
+        # again when its stream is lost (the engine restarted): see open_channel.
+        env["AGENTNEST_REATTACH"] = REATTACH_SOCKET
         if topology is not None:
             env.update(topology.sandbox_environment())
         if gpu is not None:
@@ -588,6 +594,8 @@ class DockerBackend(RuntimeBackend):
                 "user": f"{uid}:{gid}",
                 "workdir": config.workdir,
                 "env": env,
+                # A lost stream reaches the same agent again (Sandbox._channel).
+                "reattach": True,
                 **handle_info,
             },
         )
@@ -619,15 +627,31 @@ class DockerBackend(RuntimeBackend):
         return handle
 
     def open_channel(self, handle: SandboxHandle) -> ByteStream:
+        """The agent's stream: the first one (attached before start), the same agent again, or a new one.
+
+        While ``handle.info["reconnect_ids"]`` is set on a sandbox whose agent
+        lingers (``reattach``: its first stream was lost, e.g. the engine
+        restarted under it), the stream is an exec of ``agent/bridge.py`` to
+        the agent's socket; the caller sends a ``reconnect`` frame, and if no
+        agent answers there it asks again and gets a new agent.
+        """
         stream = handle.info.pop("stream", None)
         if isinstance(stream, ByteStream):
             return stream
-        # A later agent: start one next to the running keeper.
-        cid = handle.info["container"]
-        with map_docker_errors("restarting the in-sandbox agent"):
+        if handle.info.get("reattach") and "reconnect_ids" in handle.info:
+            what = "reconnecting to the in-sandbox agent"
+            argv = bootstrap.bridge_command(self.spec.python, REATTACH_SOCKET)
+        else:
+            # A later agent, next to the running keeper.  It lingers only if
+            # it can take the socket's name: a second agent while the first
+            # holds it (the server relaying a remote client's channel) ends
+            # with its stream and kills its commands, as a dropped channel must.
+            what = "restarting the in-sandbox agent"
+            argv = bootstrap.command("agent", self.spec.python)
+        with map_docker_errors(what):
             exec_id = self.api.exec_create(
-                cid,
-                bootstrap.command("agent", self.spec.python),
+                handle.info["container"],
+                argv,
                 stdin=True,
                 stdout=True,
                 stderr=True,
@@ -716,7 +740,16 @@ class DockerBackend(RuntimeBackend):
             gvisor = " (under gVisor the whole sandbox shares one memory limit)" if self._is_gvisor() else ""
             return f"it ran out of memory and the engine killed it{gvisor}; raise memory= or use less"
         if not state.get("Running"):
-            return f"its container exited with code {state.get('ExitCode')}"
+            code = state.get("ExitCode")
+            if code in (137, 143) and not self.engine_info().get("LiveRestoreEnabled"):
+                # Killed from outside: the likeliest cause on an engine without
+                # live-restore is dockerd restarting, which stops every container.
+                return (
+                    f"its container was killed (exit code {code}); this engine stops every container "
+                    "when dockerd restarts (live-restore is off: `make engine` or "
+                    '"live-restore": true in /etc/docker/daemon.json turns it on)'
+                )
+            return f"its container exited with code {code}"
         return None
 
     def ping(self) -> None:

@@ -261,6 +261,8 @@ class LiveState:
             "agent_pid": record.get("agent_pid"),
             "reconnect_ids": record.get("reconnect_ids"),
             "image": found.get("Config", {}).get("Image", config.image),
+            # Its agent lingers on a socket (made after that was added): see backend.open_channel.
+            "reattach": "AGENTNEST_REATTACH" in env,
         }
         name = record.get("workspace")
         pool = self.backend.storage_pool()
