@@ -20,50 +20,63 @@ fi
 # with networking from the root namespace, so `runsc` runs with its network
 # off (AgentNest's default: network denied).  --oci-seccomp makes gVisor apply
 # the container's seccomp profile inside the sandbox too (it ignores it otherwise).
-python3 - <<'PY'
-import json, os, shutil
-path = "/etc/docker/daemon.json"
-try:
-    with open(path) as f:
-        cfg = json.load(f)
-except FileNotFoundError:
-    cfg = {}
-runsc = shutil.which("runsc") or "/usr/bin/runsc"
-want = {
-    "runsc": {"path": runsc, "runtimeArgs": ["--network=none", "--oci-seccomp"]},
-    "runsc-host": {"path": runsc, "runtimeArgs": ["--network=host", "--oci-seccomp"]},
+# Also "experimental" (Docker's checkpoint API) and "live-restore" (sandboxes keep
+# running while dockerd restarts).  scripts/engine_config.py keeps every other
+# setting and refuses, without touching it, a daemon.json that is not valid JSON.
+# dockerd refuses live-restore on a swarm node, and a directive given both as a
+# flag and in the file: neither case gets it written.
+daemon_json=/etc/docker/daemon.json
+# The engine `docker` talks to: its pidfile, not `pidof dockerd`, which also lists
+# other engines on this host (test engines with their own --pidfile and socket).
+engine_pid() {
+  local pid
+  if pid=$(cat /var/run/docker.pid 2>/dev/null) && [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+    echo "$pid"
+  elif pid=$(pidof dockerd) && [[ "$pid" != *" "* ]]; then
+    echo "$pid"
+  else
+    echo "engine: cannot tell which dockerd is the engine (no /var/run/docker.pid; dockerd pids: ${pid:-none})" >&2
+    return 1
+  fi
 }
-runtimes = cfg.setdefault("runtimes", {})
-changed = False
-for name, spec in want.items():
-    if runtimes.get(name) != spec:
-        runtimes[name] = spec
-        changed = True
-# Docker's checkpoint API (gVisor pause to disk, live fork) is experimental in 20.10.
-if cfg.get("experimental") is not True:
-    cfg["experimental"] = True
-    changed = True
-if changed:
-    os.makedirs("/etc/docker", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(cfg, f, indent=2)
-    print("engine: registered runsc in", path)
-    open("/tmp/agentnest-daemon-changed", "w").close()
-PY
+config_args=(--file "$daemon_json" --runsc "$(command -v runsc || echo /usr/bin/runsc)")
+if docker info >/dev/null 2>&1; then
+  swarm_state=$(docker info --format '{{.Swarm.LocalNodeState}}' 2>/dev/null || true)
+  [[ -z "$swarm_state" || "$swarm_state" == inactive ]] || config_args+=(--swarm)
+  dockerd_pid=$(engine_pid 2>/dev/null || true)
+  if [[ -n "$dockerd_pid" ]] && tr '\0' '\n' <"/proc/$dockerd_pid/cmdline" | grep -q '^--live-restore'; then
+    config_args+=(--live-restore-flag)
+  fi
+elif [[ -e /var/lib/docker/swarm/docker-state.json ]]; then
+  config_args+=(--swarm)  # an engine that is down but was a swarm node
+fi
+script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if ! merged=$(python3 "$script_dir/engine_config.py" "${config_args[@]}"); then
+  echo "engine: stopped: $daemon_json was not changed and dockerd was not touched" >&2
+  exit 1
+fi
+[[ "$merged" == *"changed=yes"* ]] && touch /tmp/agentnest-daemon-changed
+live_restore_wanted=false
+[[ "$merged" == *"live-restore=on"* ]] && live_restore_wanted=true
 
 runtimes_registered() {
   local have
   have=$(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' 2>/dev/null) || return 1
   [[ " $have " == *" runsc "* && " $have " == *" runsc-host "* ]]
 }
+live_restore_on() {
+  [[ "$(docker info --format '{{.LiveRestoreEnabled}}' 2>/dev/null)" == true ]]
+}
 
 if docker info >/dev/null 2>&1; then
-  if [[ -e /tmp/agentnest-daemon-changed ]] || ! runtimes_registered; then
-    # Reload the runtime list without stopping running containers.  The reload
-    # is asynchronous: wait until the engine lists the runtimes.  (After a reload
+  if [[ -e /tmp/agentnest-daemon-changed ]] || ! runtimes_registered \
+    || { $live_restore_wanted && ! live_restore_on; }; then
+    # Reload the runtime list and live-restore without stopping running containers
+    # (both are reloadable).  The reload is asynchronous: wait until the engine lists
+    # the runtimes (live-restore is waited for below).  (After a reload
     # the engine's view of the default bridge no longer names its gateway in
     # IPAM.Config; docker0 keeps its address, and the tests read it from there.)
-    kill -HUP "$(pidof dockerd)"
+    kill -HUP "$(engine_pid)"
     for _ in $(seq 1 60); do
       runtimes_registered && { rm -f /tmp/agentnest-daemon-changed; break; }
       sleep 0.5
@@ -92,7 +105,7 @@ if [[ "$(docker info --format '{{.ExperimentalBuild}}')" != "true" ]]; then
     if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
       systemctl restart docker
     else
-      pid=$(pidof dockerd)
+      pid=$(engine_pid)
       kill -TERM "$pid"
       for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
       setsid dockerd >/var/log/agentnest-dockerd.log 2>&1 < /dev/null &
@@ -106,5 +119,19 @@ if [[ "$(docker info --format '{{.ExperimentalBuild}}')" != "true" ]]; then
       "not restarting it now: containers are running" >&2
   fi
 fi
+# live-restore: what the engine reports once the reload (or start) has applied the file.
+if $live_restore_wanted; then
+  for _ in $(seq 1 30); do
+    live_restore_on && break
+    sleep 0.5
+  done
+  if ! live_restore_on; then
+    echo "engine: warning: $daemon_json sets \"live-restore\": true but the engine still reports" \
+      "LiveRestoreEnabled=false after 15s: sandboxes will not survive a restart of dockerd." \
+      "dockerd logs why it refused the reload (journalctl -u docker, or /var/log/agentnest-dockerd.log);" \
+      "\`agentnest doctor\` shows the state" >&2
+  fi
+fi
 runtimes_registered || { echo "engine: runsc is not registered with Docker (see /etc/docker/daemon.json)" >&2; exit 1; }
-echo "engine: ready ($(docker info --format '{{.ServerVersion}}'), runtimes: $(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}'))"
+echo "engine: ready ($(docker info --format '{{.ServerVersion}}'), runtimes: $(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}')," \
+  "live-restore: $(docker info --format '{{.LiveRestoreEnabled}}'))"

@@ -19,12 +19,15 @@ if TYPE_CHECKING:
 
 from ..verify import FAIL, OK, SKIP
 
+WARN = "warn"  # works, but something an operator should fix: never a failure
+
 ENGINE_HINT = "start it with `make engine` or `sudo systemctl start docker` (or set DOCKER_HOST)"
 
 _EPILOG = """\
-Checks, one line each (OK, FAIL with a fix, or SKIP when a fact cannot be
-seen from here): the engine answers; the runc and runsc (gVisor) OCI
-runtimes are registered; the storage pool for disk workspaces is mounted
+Checks, one line each (OK, FAIL with a fix, WARN with a fix but not a
+failure, or SKIP when a fact cannot be seen from here): the engine answers;
+the runc and runsc (gVisor) OCI runtimes are registered; live-restore
+(sandboxes survive a restart of dockerd; WARN when off); the storage pool for disk workspaces is mounted
 (optional); whether the engine can give GPUs, on runc and under gVisor's
 opt-in nvproxy (optional: never a failure); the default image is present;
 then, inside a real
@@ -123,6 +126,9 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps({"ok": not failed, "checks": [asdict(c) for c in report.checks]}, indent=2))
     else:
         print()
+        warned = [c for c in report.checks if c.status == WARN]
+        if warned:
+            print(f"{len(warned)} warning(s): {', '.join(f'{c.scope}: {c.name}' for c in warned)}")
         if failed:
             print(f"{len(failed)} check(s) failed: {', '.join(f'{c.scope}: {c.name}' for c in failed)}")
         else:
@@ -170,6 +176,7 @@ def _engine_checks(report: _Report, docker: DockerBackend, image: str, *, gvisor
         )
     else:
         report.add(scope, "runtime runsc (gVisor)", SKIP, f"not registered (optional); {runsc_hint}")
+    _live_restore_check(report, scope, info)
     try:
         with map_docker_errors("looking up the default image", image):
             present = image_exists(docker.api, image)
@@ -189,6 +196,35 @@ def _engine_checks(report: _Report, docker: DockerBackend, image: str, *, gvisor
             "build it: `agentnest image base` (or `make image`)",
         )
     return True
+
+
+LIVE_RESTORE_FIX = (
+    '`make engine`, or add "live-restore": true to /etc/docker/daemon.json on the engine\'s host '
+    "and reload dockerd: `kill -HUP $(pidof dockerd)` (or `systemctl reload docker`)"
+)
+
+
+def _live_restore_check(report: _Report, scope: str, info: dict[str, Any]) -> None:
+    """live-restore: without it every sandbox dies when dockerd restarts; a warning, never a failure."""
+    name = "live-restore"
+    enabled = info.get("LiveRestoreEnabled")
+    swarm = (info.get("Swarm") or {}).get("LocalNodeState") or "inactive"
+    if enabled is True:
+        report.add(scope, name, OK, "on: sandboxes keep running while dockerd restarts")
+    elif enabled is None:
+        report.add(scope, name, SKIP, "the engine does not report LiveRestoreEnabled")
+    elif swarm != "inactive":
+        report.add(
+            scope,
+            name,
+            WARN,
+            f"off: sandboxes are stopped when dockerd restarts; this engine is in swarm mode ({swarm}), "
+            "which Docker refuses together with live-restore",
+            "leave the swarm (`docker swarm leave`) if this engine does not need it, then `make engine`; "
+            "in swarm mode live-restore cannot be enabled",
+        )
+    else:
+        report.add(scope, name, WARN, "off: sandboxes are stopped when dockerd restarts", LIVE_RESTORE_FIX)
 
 
 def _storage_check(report: _Report, scope: str, docker: DockerBackend) -> None:

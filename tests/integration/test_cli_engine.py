@@ -252,6 +252,11 @@ def test_doctor_passes_on_a_healthy_engine(capsys: pytest.CaptureFixture[str], a
         assert f"OK    {name}" in out
     assert out.rstrip().endswith("all checks passed")
     assert ("gvisor (runsc)" in out) == ("runsc" in engine_runtimes(api))
+    # live-restore: OK when the engine has it, otherwise a warning (not a failure) with the fix.
+    if api.info().get("LiveRestoreEnabled"):
+        assert "OK    live-restore" in out
+    else:
+        assert "WARN  live-restore" in out and "sandboxes are stopped when dockerd restarts" in out
 
 
 def test_doctor_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -261,7 +266,9 @@ def test_doctor_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["ok"] is True
     runc = {c["name"]: c["status"] for c in report["checks"] if c["scope"].startswith("docker (runc)")}
     assert runc["memory limit"] == runc["process limit"] == runc["workspace size"] == "ok"
-    assert all(c["status"] in ("ok", "skip") for c in report["checks"])
+    assert all(c["status"] in ("ok", "skip", "warn") for c in report["checks"])
+    (live_restore,) = [c for c in report["checks"] if c["name"] == "live-restore"]
+    assert live_restore["status"] in ("ok", "warn")
 
 
 def test_doctor_fails_for_a_runtime_the_engine_lacks(capsys: pytest.CaptureFixture[str], api: Any) -> None:
