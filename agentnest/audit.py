@@ -9,6 +9,7 @@ operation whose event cannot be recorded raises instead of going unrecorded.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -53,6 +54,9 @@ class JsonLogObserver:
     so threads (serialised by a lock) and other processes appending to the same
     file never interleave inside a line.  Past ``max_bytes`` the file is
     rotated to ``path.1`` (``path.1`` to ``path.2`` ... up to ``backups``).
+    A line that a full disk cuts short is taken back out (the event raises
+    :class:`~agentnest.errors.AuditError`): the lines before stay whole, and
+    once there is room again the log goes on.
 
     Example::
 
@@ -128,9 +132,16 @@ class JsonLogObserver:
             self._rotate()
             fd = self._open()
         view = memoryview(line)
-        while view:  # a regular file takes it all at once; loop for safety
-            written = os.write(fd, view)
-            view = view[written:]
+        done = 0
+        try:
+            while view:  # a regular file takes it all at once, unless its disk fills mid-line
+                written = os.write(fd, view)
+                view = view[written:]
+                done += written
+        except OSError:
+            if done:
+                _take_back(fd, done)
+            raise
 
     def _open(self) -> int:
         if self._fd is not None:
@@ -172,6 +183,19 @@ class JsonLogObserver:
 
     def __repr__(self) -> str:
         return f"JsonLogObserver({str(self.path)!r})"
+
+
+def _take_back(fd: int, count: int) -> None:
+    """Remove the ``count`` bytes this descriptor just appended: half a line a full disk cut short.
+
+    Every line before stays whole and the next one starts on its own line.
+    Only when nothing was appended after them (another process's line is
+    never cut); otherwise the torn line stays, as one line that does not parse.
+    """
+    with contextlib.suppress(OSError):
+        end = os.lseek(fd, 0, os.SEEK_CUR)  # O_APPEND: just past what this write put
+        if os.fstat(fd).st_size == end:
+            os.ftruncate(fd, end - count)
 
 
 class OpenTelemetryObserver:

@@ -75,6 +75,19 @@ def _oserror(exc: OSError, rel: str) -> FileError:
     }.get(exc.errno or 0, "io")
     if code == "symlink":
         return FileError(code, f"{rel!r}: a symlink is on the path; the file API does not follow links")
+    if exc.errno == errno.EDQUOT:
+        return FileError(
+            code,
+            f"{rel!r}: the workspace is full, its quota (disk=) is used up (Disk quota exceeded); "
+            "delete files in it, or make the sandbox with a larger disk=",
+        )
+    if exc.errno == errno.ENOSPC:
+        return FileError(
+            code,
+            f"{rel!r}: the workspace is full (No space left on device); delete files in it, or make "
+            "the sandbox with more room (workspace_size= in memory, disk= on disk; a disk workspace "
+            "below its disk= means the host's storage pool is full: `agentnest prune`)",
+        )
     return FileError(code, f"{rel!r}: {os.strerror(exc.errno or 0)}")
 
 

@@ -11,6 +11,13 @@ filesystem on this host, bind-mounted into the container:
 * **costs what is written**: a new subvolume takes no data blocks, sparse
   files stay sparse, and deleting a subvolume gives its blocks back to the
   host (the pool is mounted with ``discard``, so the loop file shrinks);
+* **never handed out full**: a workspace is made only while the pool, and
+  the host disk under its sparse backing file, have more free space than a
+  reserve (:meth:`StoragePool.check_room`).  A host disk that fills anyway
+  (by other programs) is the one dangerous case: the loop file cannot grow,
+  btrfs sees write errors and the kernel forces the whole pool read-only;
+  what was committed before stays intact, and :meth:`StoragePool.status`
+  says what to do (free host disk, unmount, ``agentnest setup``);
 * **copy-on-write**: a fork or a snapshot is a subvolume snapshot
   (milliseconds, independent of the workspace's size) that shares every
   block until one side writes;
@@ -34,6 +41,7 @@ must be on the engine's host: see :func:`local_engine`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -72,6 +80,14 @@ _DEFAULT_POOL_SHARE = 0.5
 #: A workspace with no container older than this is an orphan for ``prune``
 #: (younger ones may belong to a sandbox being created right now).
 ORPHAN_AGE = 120.0
+#: Free space kept back: the pool's own (btrfs needs room for metadata to
+#: delete anything) and the host's under the backing file (below it, the loop
+#: file may fail to grow and btrfs goes read-only).  Each at most this, and
+#: at most 1/20 of the filesystem it is measured on (small test pools).
+POOL_RESERVE = 64 * MiB
+HOST_RESERVE = 1 * GiB
+#: ``errno`` values of a full filesystem or quota.
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 _NAME = re.compile(r"[0-9a-zA-Z][0-9a-zA-Z_.-]{0,63}")
 _BTRFS_MAGIC = 0x9123683E
 _TIMEOUT = 60.0
@@ -135,7 +151,12 @@ def local_engine(docker_host: str | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class PoolStatus:
-    """What ``doctor`` and ``agentnest setup`` report about the pool."""
+    """What ``doctor`` and ``agentnest setup`` report about the pool.
+
+    ``host_free`` is the free space of the host filesystem under the pool's
+    backing file (``None``: not a loop file); ``detail`` is ``"ready"`` or,
+    for a ready pool that is short of room, the warning and its fix.
+    """
 
     root: str
     ready: bool
@@ -143,6 +164,11 @@ class PoolStatus:
     size: int = 0
     free: int = 0
     workspaces: int = 0
+    host_free: int | None = None
+
+
+def _reserve(fs_size: int, cap: int) -> int:
+    return min(cap, max(fs_size // 20, 4 * MiB))
 
 
 class StoragePool:
@@ -174,6 +200,64 @@ class StoragePool:
         st = os.statvfs(self.root)
         return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
+    def host_capacity(self) -> tuple[int, int] | None:
+        """``(size, free)`` of the host filesystem holding the pool's backing file, or None."""
+        image = self.backing_file()
+        if image is None:
+            return None
+        try:
+            st = os.statvfs(image.parent)
+        except OSError:
+            return None
+        return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+    def shortage(self) -> tuple[str, str] | None:
+        """``(reason, message)``: why no workspace should be made now, or None.
+
+        ``reason`` is ``no_space`` (the pool, or the host disk under its
+        backing file, has less free space than a reserve) or ``read_only``
+        (the kernel stopped the pool after a write error).
+        """
+        if _read_only(self.root):
+            return "read_only", self._read_only_message()
+        total, free = self.capacity()
+        if free < _reserve(total, POOL_RESERVE):
+            return "no_space", (
+                f"the storage pool at {self.root} is full ({human_size(free)} of {human_size(total)} free); "
+                "destroy sandboxes, run `agentnest prune`, or make a bigger pool"
+            )
+        host = self.host_capacity()
+        image = self.backing_file()
+        if host is not None and image is not None and host[1] < _reserve(host[0], HOST_RESERVE):
+            return "no_space", (
+                f"the host disk under the storage pool is nearly full ({human_size(host[1])} free in "
+                f"{image.parent}, which holds the pool's sparse file {image.name}; a full one would force "
+                "the pool read-only); free disk on the host, destroy sandboxes or run `agentnest prune`"
+            )
+        return None
+
+    def check_room(self) -> None:
+        """Refuse a new workspace while the pool, or the host disk under it, is (nearly) full.
+
+        Raises:
+            BackendError: ``reason`` ``"no_space"`` or ``"read_only"``; the
+                message says which is full and the fix.
+        """
+        why = self.shortage()
+        if why is not None:
+            raise _refused(*why)
+
+    def _read_only_message(self) -> str:
+        host = self.host_capacity()
+        cause = ""
+        if host is not None and host[1] < _reserve(host[0], HOST_RESERVE):
+            cause = f" (the host disk under it has {human_size(host[1])} free: it filled up)"
+        return (
+            f"the storage pool at {self.root} is read-only: the kernel stopped it after a write "
+            f"error{cause}; what was written before is kept. Free disk on the host, then mount it again "
+            f"(`umount {self.root} && agentnest setup`, as root)"
+        )
+
     def check_size(self, size: int) -> None:
         """Refuse a workspace that the pool could never hold."""
         total, _ = self.capacity()
@@ -188,6 +272,7 @@ class StoragePool:
     def create(self, name: str, size: int, uid: int, gid: int) -> Path:
         """A new empty workspace of at most ``size`` bytes, owned by ``uid:gid``."""
         self.check_size(size)
+        self.check_room()
         path = self.path(name)
         try:
             path.parent.mkdir(mode=0o711, exist_ok=True)
@@ -207,6 +292,7 @@ class StoragePool:
     def clone(self, source: str, name: str, size: int) -> Path:
         """A writable copy-on-write copy of workspace ``source`` (freeze its writers first)."""
         self.check_size(size)
+        self.check_room()
         path = self.path(name)
         try:
             btrfs.snapshot(self.path(source), path)
@@ -315,12 +401,14 @@ class StoragePool:
                 "`agentnest setup` (as root), or use workspace='memory'"
             )
         with contextlib.suppress(OSError):
-            total, free = self.capacity()
-            if free < 64 * MiB:
-                return BackendError(
-                    f"the storage pool at {self.root} is full "
-                    f"({human_size(free)} of {human_size(total)} free); destroy sandboxes, "
-                    "run `agentnest prune`, or make a bigger pool"
+            why = self.shortage()
+            if why is not None:
+                return _refused(*why)
+            if isinstance(exc, OSError) and exc.errno in _FULL:
+                return _refused(
+                    "no_space",
+                    f"the storage pool at {self.root} is full ({exc.strerror}); "
+                    "destroy sandboxes, run `agentnest prune`, or make a bigger pool",
                 )
         detail = f"{exc.strerror} ({exc.filename})" if isinstance(exc, OSError) and exc.strerror else str(exc)
         return BackendError(
@@ -399,7 +487,29 @@ class StoragePool:
 
     def status(self) -> PoolStatus:
         total, free = self.capacity()
-        return PoolStatus(str(self.root), True, "ready", total, free, len(self.names()))
+        host = self.host_capacity()
+        return PoolStatus(
+            str(self.root),
+            True,
+            why[1] if (why := self.shortage()) is not None else "ready",
+            total,
+            free,
+            len(self.names()),
+            host[1] if host is not None else None,
+        )
+
+
+def _read_only(root: Path) -> bool:
+    try:
+        return bool(os.statvfs(root).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _refused(reason: str, message: str) -> BackendError:
+    error = BackendError(message)
+    error.reason = reason
+    return error
 
 
 def _delete(path: Path) -> None:
