@@ -1,14 +1,39 @@
 """Running commands: spawn, collect output, time out, kill whole process trees.
 
 Each command runs in its own session (``setsid``), so its process group is
-its own.  The agent is a child subreaper, so orphaned descendants are
-reparented to it and reaped (no zombies pile up).  Every command's
-environment carries a marker, ``AGENTNEST_EXEC``; a tree kill takes every
-process that descends from the command, shares its session or process group,
-or carries its marker -- which catches the double-forked daemon that called
-``setsid`` and was reparented away.  Killing is SIGKILL, repeated until a scan
-finds nothing: SIGTERM could be ignored and the command has already had its
-time.
+its own, and its environment carries a marker, ``AGENTNEST_EXEC``.  The
+agent is a child subreaper, so orphans are reparented to it and reaped.
+
+A command with a timeout is also made a child subreaper itself (where the
+kernel has them; gVisor 20221219 does not): an orphan of its tree -- the
+double-forked daemon that called ``setsid``, cleared its environment and
+left for a process group of its own -- is reparented to the command's top
+process instead of to the agent, so it stays below the top for as long as
+the top lives, which no descendant can undo.
+
+A tree kill (timeout, cancel) keeps that attribution while it works: it
+stops the top and every member it finds (SIGSTOP; a stopped subreaper still
+adopts orphans, a stopped process forks no more) until a scan finds no new
+one, SIGKILLs the members below the top until a scan of ``/proc`` finds
+none, and the top last.  A member is: the top, what descends from a member
+(parent links), what shares the top's session or process group or that of a
+live member, or what carries the command's marker.  SIGKILL, not SIGTERM: it
+cannot be ignored and the command has had its time.
+
+What is not guaranteed:
+
+* where the kernel has no subreapers (gVisor 20221219), or the command clears
+  the bit on its top (``prctl(PR_SET_CHILD_SUBREAPER, 0)``), or creates a
+  sibling of its top (``clone(CLONE_PARENT)``), an orphan goes to the agent
+  or to PID 1; one that also left the session and the process group and
+  cleared its environment is no longer attributable and outlives the kill
+  (it dies with the sandbox);
+* a command without a timeout is not made a subreaper (it costs an exec of
+  the trampoline on x86-64, a fork instead of a vfork elsewhere; see
+  :func:`spawn`): a cancel of it finds what the other rules find;
+* the timeout covers the command while its top process lives: what it leaves
+  running in the background after the top exits is not killed (the reply
+  comes ``DRAIN_GRACE`` after the exit), as a shell's ``nohup ... &`` expects.
 """
 
 from __future__ import annotations
@@ -18,29 +43,44 @@ import re
 import signal
 import subprocess
 import time
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 MARKER = "AGENTNEST_EXEC"
 #: After the main process exits, how long to keep reading output that its
 #: still-running background children may hold open before reporting.
 DRAIN_GRACE = 0.1
+#: Bounds on the scans of one tree kill (each scan reads /proc once).
+FREEZE_ROUNDS = 30
+KILL_ROUNDS = 50
+
+# prctl(2) from libc, kept by :func:`harden` when the kernel has child
+# subreapers: commands with a timeout become one before their exec.
+_PRCTL: Any = None
+_PR_SET_CHILD_SUBREAPER = 36
+# The descriptor of the subreaper trampoline (see _make_trampoline), if any.
+_TRAMPOLINE: Optional[int] = None
 
 
 def harden() -> Dict[str, bool]:
     """Process attributes the agent sets on itself (Linux; best effort).
 
     * child subreaper: orphaned descendants are reparented to the agent and
-      reaped, and stay attributable to their command;
+      reaped (and the kernel has subreapers: commands with a timeout are
+      made subreapers too, see :func:`spawn`);
     * not dumpable: processes of the same UID (the sandboxed code) cannot
       open ``/proc/<agent>/fd/*`` or ptrace it, so they cannot inject bytes
       into its channel.  (Code can still kill the agent; the host restarts it.)
     """
+    global _PRCTL
     done = {"subreaper": False, "undumpable": False}
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        done["subreaper"] = libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+        done["subreaper"] = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        if done["subreaper"]:
+            _PRCTL = libc.prctl
+            _make_trampoline()
         done["undumpable"] = libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
         # Give the heap that loading the agent used back to the system: an
         # idle sandbox should cost as little memory as possible.
@@ -145,23 +185,65 @@ def spawn(
     limit: int,
     token: str,
     pty: Optional[Tuple[int, int]] = None,
+    subreaper: bool = False,
 ) -> Command:
-    """Start a command in a new session with piped output (or on a new pseudo-terminal)."""
+    """Start a command in a new session with piped output (or on a new pseudo-terminal).
+
+    With ``subreaper`` (and a kernel that has them), the command's process is
+    made a child subreaper, so that its tree's orphans stay below it (see the
+    module docstring).  On x86-64 a 200-byte trampoline does it between two
+    execs (see :func:`_make_trampoline`); elsewhere a ``preexec_fn``, which
+    makes ``subprocess`` fork where it would otherwise vfork: about 1 ms more
+    an exec on runc (the agent's pages are copied).  Only commands that can
+    time out pay either.  A terminal command is forked anyway and always
+    gets it.
+    """
     marker = "%s-%d" % (token, cid)
     full_env = dict(env)
     full_env[MARKER] = marker
     if pty is not None:
         return _spawn_pty(cid, argv, full_env, cwd, limit, marker, pty)
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=cwd,
-        env=full_env,
-        start_new_session=True,
-        close_fds=True,
-    )
+    executable: Optional[str] = None
+    pass_fds: Tuple[int, ...] = ()
+    preexec: Any = None
+    path = ""
+    trampoline = _TRAMPOLINE
+    if subreaper and _PRCTL is not None:
+        if trampoline is None:
+            # preexec_fn is unsafe with threads; the agent has one.
+            preexec = _become_subreaper
+        else:
+            path = _find_program(argv[0], full_env, cwd)
+            # Not found, or not executable: Popen reports it as it always does.
+            if path:
+                executable = "/proc/self/fd/%d" % trampoline
+                pass_fds = (trampoline,)
+
+    def popen() -> "subprocess.Popen[bytes]":
+        return subprocess.Popen(
+            [path, *argv] if executable else argv,
+            executable=executable,
+            stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=full_env,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=pass_fds,
+            preexec_fn=preexec,
+        )
+
+    try:
+        proc = popen()
+    except OSError as exc:
+        if executable is None or exc.filename != executable:
+            raise
+        # This system will not run the trampoline (a memfd exec refused, no
+        # /proc): use the preexec_fn from now on.
+        _drop_trampoline()
+        executable, pass_fds, preexec = None, (), _become_subreaper
+        proc = popen()
     cmd = Command(cid, proc, marker, limit)
     assert proc.stdout is not None and proc.stderr is not None
     for stream, fd_no in ((proc.stdout, 1), (proc.stderr, 2)):
@@ -382,11 +464,109 @@ def _foreground_groups(fd: int, session: int) -> List[int]:
 
 
 def _take_terminal() -> None:
-    """In a child after ``setsid()``: make its stdin, a terminal, the controlling one."""
+    """In a child after ``setsid()``: make its stdin, a terminal, the controlling one.
+
+    It becomes a child subreaper too, where the kernel has them (it is forked
+    anyway, so this costs nothing more).
+    """
     import fcntl
     import termios
 
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    _become_subreaper()
+
+
+def _find_program(name: str, env: Dict[str, str], cwd: str) -> str:
+    """The file ``execve`` would run for ``name`` (as ``subprocess`` searches ``PATH``), or ''.
+
+    A path relative to ``cwd`` stays relative: the exec happens there.
+    """
+    candidates = [name] if "/" in name else [os.path.join(d, name) for d in os.get_exec_path(env)]
+    for path in candidates:
+        full = os.path.join(cwd, path)
+        if os.path.isfile(full) and os.access(full, os.X_OK):
+            return path
+    return ""
+
+
+def _make_trampoline() -> None:
+    """Build the subreaper trampoline: a static x86-64 ELF in a sealed memfd.
+
+    Run as ``/proc/self/fd/N PATH ARGV0 ARGS...`` it sets
+    ``PR_SET_CHILD_SUBREAPER``, closes its own descriptor ``N`` and execs
+    ``PATH`` with ``ARGV0 ARGS...`` and its environment (exit 127 if that is
+    not found, 126 if it cannot run).  One more exec of a 200-byte static
+    binary costs far less than the fork a ``preexec_fn`` forces; the memfd is
+    sealed, so nothing in the sandbox can change it.  Best effort: on another
+    machine, or without memfds, commands use the ``preexec_fn``.
+    """
+    global _TRAMPOLINE
+    if os.uname().machine != "x86_64" or not hasattr(os, "memfd_create"):
+        return
+    import fcntl
+    import struct
+
+    try:
+        memfd = os.memfd_create("agentnest-subreaper", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except OSError:
+        return
+    fd = -1
+    try:
+        fd = fcntl.fcntl(memfd, fcntl.F_DUPFD_CLOEXEC, 100)
+        code = (
+            b"\xb8\x9d\x00\x00\x00"  # mov eax, 157 (prctl)
+            b"\xbf\x24\x00\x00\x00"  # mov edi, 36 (PR_SET_CHILD_SUBREAPER)
+            b"\xbe\x01\x00\x00\x00"  # mov esi, 1
+            b"\x31\xd2"  # xor edx, edx
+            b"\x45\x31\xd2"  # xor r10d, r10d
+            b"\x45\x31\xc0"  # xor r8d, r8d
+            b"\x0f\x05"  # syscall
+            b"\xb8\x03\x00\x00\x00"  # mov eax, 3 (close)
+            b"\xbf" + struct.pack("<I", fd) + b"\x0f\x05"  # mov edi, fd; syscall
+            b"\x48\x8b\x7c\x24\x08"  # mov rdi, [rsp+8]: argv[0], the path
+            b"\x48\x8d\x74\x24\x10"  # lea rsi, [rsp+16]: &argv[1]
+            b"\x48\x8b\x04\x24"  # mov rax, [rsp]: argc
+            b"\x48\x8d\x54\xc4\x10"  # lea rdx, [rsp+rax*8+16]: envp
+            b"\xb8\x3b\x00\x00\x00"  # mov eax, 59 (execve)
+            b"\x0f\x05"  # syscall
+            b"\x83\xf8\xfe"  # cmp eax, -ENOENT
+            b"\xbf\x7e\x00\x00\x00"  # mov edi, 126
+            b"\x75\x05"  # jne exit
+            b"\xbf\x7f\x00\x00\x00"  # mov edi, 127
+            b"\xb8\xe7\x00\x00\x00"  # exit: mov eax, 231 (exit_group)
+            b"\x0f\x05"  # syscall
+        )
+        base = 0x400000
+        size = 64 + 56 + len(code)
+        ident = b"\x7fELF\x02\x01\x01" + b"\x00" * 9
+        header = struct.pack("<16sHHIQQQIHHHHHH", ident, 2, 0x3E, 1, base + 120, 64, 0, 0, 64, 56, 1, 0, 0, 0)
+        segment = struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, size, size, 0x1000)  # PT_LOAD, R+X
+        os.write(memfd, header + segment + code)
+        fcntl.fcntl(
+            memfd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL,
+        )
+    except (OSError, AttributeError):
+        if fd >= 0:
+            os.close(fd)
+        return
+    finally:
+        os.close(memfd)
+    _TRAMPOLINE = fd
+
+
+def _drop_trampoline() -> None:
+    global _TRAMPOLINE
+    if _TRAMPOLINE is not None:
+        os.close(_TRAMPOLINE)
+        _TRAMPOLINE = None
+
+
+def _become_subreaper() -> None:
+    """In a child before ``exec``: adopt the orphans of its own tree (best effort)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def set_window_size(fd: int, rows: int, cols: int) -> None:
@@ -416,7 +596,8 @@ def _pids() -> List[str]:
         return []
 
 
-def _proc_stat(pid: str) -> Optional[Tuple[int, int, int]]:
+def _proc_stat(pid: str) -> Optional[Tuple[int, int, int, bytes]]:
+    """``(ppid, pgrp, session, state)`` of a live process; None for a zombie or a gone one."""
     try:
         with open("/proc/%s/stat" % pid, "rb") as f:
             raw = f.read()
@@ -425,9 +606,9 @@ def _proc_stat(pid: str) -> Optional[Tuple[int, int, int]]:
     # The command name may contain spaces and parentheses: split after the last ')'.
     fields = raw[raw.rfind(b")") + 2 :].split()
     try:
-        if fields[0] in (b"Z", b"X"):
-            return None  # already dead; the main loop reaps it
-        return int(fields[1]), int(fields[2]), int(fields[3])  # ppid, pgrp, session
+        if fields[0] in (b"Z", b"X", b"x"):
+            return None  # already dead; its parent reaps it
+        return int(fields[1]), int(fields[2]), int(fields[3]), fields[0]
     except (IndexError, ValueError):
         return None
 
@@ -440,12 +621,43 @@ def _has_marker(pid: str, marker: bytes) -> bool:
         return False
 
 
-def tree(root: int, marker: str) -> Set[int]:
-    """Every live process that belongs to the command rooted at ``root``."""
+def members(
+    procs: Dict[int, Tuple[int, int, int, bytes]],
+    root: int,
+    marked: Set[int],
+    root_alive: bool = True,
+) -> Set[int]:
+    """The processes of ``procs`` (pid: ppid, pgrp, session, state) that belong to ``root``'s command.
+
+    A member is the root (while ``root_alive``: a reaped root's pid may be
+    someone else's by now), a process in the root's process group or
+    session, one in ``marked`` (it carries the command's marker), and --
+    to a fixed point -- a child of a member, or a process whose process
+    group or session id is a member's pid.  The last rule is sound: such an
+    id is the pid of the process that created the group or session, and the
+    kernel gives no other process a pid while it names a live group or
+    session.
+    """
+    found: Set[int] = set()
+    for pid, (_ppid, pgrp, sid, _state) in procs.items():
+        if (root_alive and pid == root) or pgrp == root or sid == root or pid in marked:
+            found.add(pid)
+    changed = True
+    while changed:
+        changed = False
+        for pid, (ppid, pgrp, sid, _state) in procs.items():
+            if pid not in found and (ppid in found or pgrp in found or sid in found):
+                found.add(pid)
+                changed = True
+    return found
+
+
+def _scan(marker: str) -> Tuple[Dict[int, Tuple[int, int, int, bytes]], Set[int]]:
+    """Every live process but the agent and PID 1, and those carrying ``marker``."""
     me = os.getpid()
     needle = ("%s=%s" % (MARKER, marker)).encode()
-    parents: Dict[int, int] = {}
-    members: Set[int] = set()
+    procs: Dict[int, Tuple[int, int, int, bytes]] = {}
+    marked: Set[int] = set()
     for p in _pids():
         pid = int(p)
         if pid in (me, 1):
@@ -453,37 +665,74 @@ def tree(root: int, marker: str) -> Set[int]:
         st = _proc_stat(p)
         if st is None:
             continue
-        ppid, pgrp, sid = st
-        parents[pid] = ppid
-        if pid == root or pgrp == root or sid == root or _has_marker(p, needle):
-            members.add(pid)
-    # Descendants of any member (a child that cleared its environment and
-    # started a new session is still below its parent until that exits).
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parents.items():
-            if pid not in members and ppid in members:
-                members.add(pid)
-                changed = True
-    return members
+        procs[pid] = st
+        if _has_marker(p, needle):
+            marked.add(pid)
+    return procs, marked
 
 
-def kill_tree(root: int, marker: str) -> int:
-    """SIGKILL the command's whole tree; return how many processes were hit."""
-    hit = 0
+def tree(root: int, marker: str, root_alive: bool = True) -> Set[int]:
+    """Every live process that belongs to the command rooted at ``root`` (see :func:`members`)."""
+    procs, marked = _scan(marker)
+    return members(procs, root, marked, root_alive)
+
+
+def _signal(pid: int, sig: int) -> bool:
     try:
-        os.killpg(root, signal.SIGKILL)
+        os.kill(pid, sig)
+        return True
     except OSError:
-        pass
-    for _ in range(50):
-        members = tree(root, marker)
-        if not members:
+        return False
+
+
+def kill_tree(root: int, marker: str, root_alive: bool = True) -> int:
+    """SIGKILL the command's whole tree, the root last; return how many processes were hit.
+
+    ``root_alive``: whether ``root`` is still the command's own process (not
+    yet reaped).  Order matters where the root is a child subreaper: while
+    it lives, even stopped, it adopts the orphans its tree makes, so they
+    stay its descendants until the scans have found them.
+    """
+    # 1. Freeze: a stopped process forks no more and keeps its children's
+    #    parent link.  Done when a scan finds no new member and every member
+    #    has stopped (bounded: a process in the kernel stops on its way out).
+    if root_alive:
+        # Only while the root is the command's own: a reaped root's pid (and
+        # so its group id, once the group is empty) may be another's by now.
+        try:
+            os.killpg(root, signal.SIGSTOP)
+        except OSError:
+            pass
+    stopped: Set[int] = set()
+    for _ in range(FREEZE_ROUNDS):
+        procs, marked = _scan(marker)
+        found = members(procs, root, marked, root_alive)
+        new = found - stopped
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        stopped |= found
+        if not new and all(procs[pid][3] in (b"T", b"t") for pid in found):
             break
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                hit += 1
-            except OSError:
-                pass
+    # 2. Kill everything below the root until a scan finds nothing, then the root.
+    #    The first round also takes what the freeze stopped (a stopped
+    #    process cannot exit, so its pid is still its own).
+    hit = 0
+    for _ in range(KILL_ROUNDS):
+        procs, marked = _scan(marker)
+        below = members(procs, root, marked, root_alive) | (stopped & set(procs))
+        below.discard(root)
+        stopped = set()
+        if not below:
+            break
+        for pid in below:
+            hit += _signal(pid, signal.SIGKILL)
+    if root_alive:
+        hit += _signal(root, signal.SIGKILL)
+    # 3. Sweep: whatever the root's death let go of that the rules still see.
+    for _ in range(KILL_ROUNDS):
+        left = tree(root, marker, root_alive=False)
+        if not left:
+            break
+        for pid in left:
+            hit += _signal(pid, signal.SIGKILL)
     return hit
