@@ -14,7 +14,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["bind", "make_shared", "top_mount", "unmount_all"]
+__all__ = ["bind", "make_shared", "roots_in_use", "top_mount", "unmount_all"]
 
 _MS_BIND = 4096
 _MS_SHARED = 1 << 20
@@ -71,3 +71,62 @@ def top_mount(target: str, pid: int | str = "self") -> str | None:
     except OSError:
         return None
     return found
+
+
+def _device_of(mountpoint: str) -> str | None:
+    """The ``major:minor`` of the filesystem mounted at ``mountpoint`` (this process's view)."""
+    found: str | None = None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 4 and fields[4] == mountpoint:
+                    found = fields[2]
+    except OSError:
+        return None
+    return found
+
+
+def roots_in_use(mountpoint: str) -> set[str]:
+    """Which parts of the filesystem mounted at ``mountpoint`` any process on this host has mounted.
+
+    The roots (``/ws/ID``, ``/slot/ID``) of every mount of that filesystem,
+    in every mount namespace on the host (each container has its own), except
+    mounts made under ``mountpoint`` itself in this process's namespace (the
+    pool's own slots).  Read from ``/proc/PID/mountinfo``, one process per
+    namespace; a process that exits meanwhile is skipped.  Root sees every
+    namespace; another user may not, and gets fewer roots.
+    """
+    device = _device_of(mountpoint)
+    if device is None:
+        return set()
+    try:
+        here = os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        here = ""
+    inside = mountpoint.rstrip("/") + "/"
+    seen: set[str] = set()
+    roots: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/mnt")
+        except OSError:
+            ns = f"pid:{pid}"  # unreadable (gone, or not ours to read): read its mounts anyway
+        if ns in seen:
+            continue
+        seen.add(ns)
+        try:
+            with open(f"/proc/{pid}/mountinfo", encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 5 or fields[2] != device or fields[3] == "/":
+                continue
+            if ns == here and fields[4].startswith(inside):
+                continue
+            roots.add(fields[3])
+    return roots

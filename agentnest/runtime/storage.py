@@ -200,9 +200,12 @@ class StoragePool:
         st = os.statvfs(self.root)
         return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
-    def host_capacity(self) -> tuple[int, int] | None:
-        """``(size, free)`` of the host filesystem holding the pool's backing file, or None."""
-        image = self.backing_file()
+    def host_capacity(self, image: Path | None = None) -> tuple[int, int] | None:
+        """``(size, free)`` of the host filesystem holding the pool's backing file, or None.
+
+        ``image``: that file, when the caller has already looked it up.
+        """
+        image = self.backing_file() if image is None else image
         if image is None:
             return None
         try:
@@ -226,8 +229,8 @@ class StoragePool:
                 f"the storage pool at {self.root} is full ({human_size(free)} of {human_size(total)} free); "
                 "destroy sandboxes, run `agentnest prune`, or make a bigger pool"
             )
-        host = self.host_capacity()
         image = self.backing_file()
+        host = self.host_capacity(image) if image is not None else None
         if host is not None and image is not None and host[1] < _reserve(host[0], HOST_RESERVE):
             return "no_space", (
                 f"the host disk under the storage pool is nearly full ({human_size(host[1])} free in "
@@ -429,19 +432,24 @@ class StoragePool:
     def orphans(self, live: set[str], *, now: float | None = None) -> list[str]:
         """Slots, workspaces and reader snapshots no live sandbox or process owns.
 
-        Slots come first: a workspace mounted on a slot is deleted only
-        once that mount is gone.
+        ``live``: the sandbox ids the caller's engine still has a container
+        for.  Whatever a process anywhere on the host has mounted is in use as
+        well, whichever engine it runs on: the pool is the host's, and a
+        second engine's sandboxes are not in ``live`` (see
+        :func:`~agentnest.runtime.mounts.roots_in_use`).  Slots come first: a
+        workspace mounted on a slot is deleted only once that mount is gone.
         """
         now = time.time() if now is None else now
+        mounted = mounts.roots_in_use(os.path.realpath(self.root))
         found: list[str] = []
         with contextlib.suppress(FileNotFoundError):
             for name in sorted(os.listdir(self.root / "slot")):
-                if _NAME.fullmatch(name) and name not in live:
+                if _NAME.fullmatch(name) and name not in live and f"/slot/{name}" not in mounted:
                     with contextlib.suppress(OSError):
                         if now - os.lstat(self.root / "slot" / name).st_mtime >= ORPHAN_AGE:
                             found.append(f"slot/{name}")
         for name in self.names():
-            if name in live:
+            if name in live or f"/ws/{name}" in mounted:
                 continue
             with contextlib.suppress(OSError):
                 if now - os.lstat(self.path(name)).st_mtime >= ORPHAN_AGE:

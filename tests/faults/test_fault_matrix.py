@@ -458,9 +458,18 @@ def test_zz_matrix_counts(private: Private, cells: Cells) -> None:
     names = set(pool.names()) if pool is not None else set()
     cells.leaks["containers_before_prune"] = live
     cells.leaks["workspaces_before_prune"] = sorted(names & private.seen)
-    # One sandbox at a time: the storage pool is the host's, shared with the
-    # main engine, whose sandboxes' workspaces a pool-wide prune here would
-    # take for orphans (they have no container on this engine).
+    # The storage pool is the host's: a pool-wide prune through this engine
+    # must not take the main engine's live sandboxes' workspaces for orphans
+    # (they have no container here, but their containers have them mounted).
+    if pool is not None:
+        with (
+            Sandbox(workspace="disk", disk="32m") as other,
+            Sandbox(workspace="disk", disk="32m", backend="gvisor") as other_gvisor,
+        ):
+            assert {other.id, other_gvisor.id} <= set(pool.names())
+            wide = prune(private.engine.api(), everything=True, pool=pool, dry_run=True)
+            theirs = {f"ws/{other.id}", f"ws/{other_gvisor.id}"}
+            assert {r.id for r in wide.workspaces} & theirs == set(), wide.workspaces
     reports = [
         prune(private.engine.api(), everything=True, sandbox=sid, pool=pool) for sid in sorted(private.seen)
     ]

@@ -260,3 +260,49 @@ def test_concurrent_writers_never_collide(records: Path) -> None:
     assert failures == []
     assert checkpoint.read_record(SID)["owner"] in {f"host:{n}" for n in range(4)}
     assert os.listdir(records) == [f"{SID}.json"]
+
+
+# -- prune and other engines on the host ------------------------------------------------------
+
+
+class EmptyEngine:
+    """The view of an engine with no AgentNest resources (its id: ``ID``)."""
+
+    def __init__(self, engine_id: str) -> None:
+        self.engine_id = engine_id
+
+    def info(self) -> dict[str, Any]:
+        return {"ID": self.engine_id}
+
+    def containers(self, **_: Any) -> list[Any]:
+        return []
+
+    def networks(self, **_: Any) -> list[Any]:
+        return []
+
+    def volumes(self, **_: Any) -> dict[str, Any]:
+        return {"Volumes": []}
+
+
+def test_prune_leaves_another_engines_records_and_workspaces(records: Path, tmp_path: Path) -> None:
+    """Records and the pool are the host's: a prune through one engine keeps another engine's."""
+    from agentnest.runtime.docker.prune import prune
+    from agentnest.runtime.storage import ORPHAN_AGE, StoragePool
+
+    theirs, mine, legacy = "aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"
+    checkpoint.write_record(theirs, record(theirs, engine="engine-B", workspace=theirs))
+    checkpoint.write_record(mine, record(mine, engine="engine-A", workspace=mine))
+    checkpoint.write_record(legacy, record(legacy, workspace=legacy))  # written before records named engines
+    pool = StoragePool(tmp_path / "storage")
+    for name in (theirs, mine, legacy):
+        (pool.root / "ws" / name).mkdir(parents=True)
+
+    seen = prune(EmptyEngine("engine-A"), everything=True, pool=pool, dry_run=True)
+    assert sorted(r.id for r in seen.workspaces) == [f"ws/{mine}", f"ws/{legacy}"]
+    assert {p.name for p in records.iterdir()} >= {f"{s}.json" for s in (theirs, mine, legacy)}
+
+    prune(EmptyEngine("engine-A"), everything=True, now=ORPHAN_AGE, pool=None)
+    assert sorted(p.name for p in records.iterdir() if p.suffix == ".json") == [f"{theirs}.json"]
+    # Its own engine removes it.
+    prune(EmptyEngine("engine-B"), everything=True, pool=None)
+    assert [p.name for p in records.iterdir() if p.suffix == ".json"] == []

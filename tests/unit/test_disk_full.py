@@ -108,7 +108,7 @@ def pool_with(
     image = tmp_path / "host" / "pool.img"
     monkeypatch.setattr(pool, "backing_file", lambda: image if host_free is not None else None)
     monkeypatch.setattr(
-        pool, "host_capacity", lambda: (10 * GiB, host_free) if host_free is not None else None
+        pool, "host_capacity", lambda image=None: (10 * GiB, host_free) if host_free is not None else None
     )
     monkeypatch.setattr(storage, "_read_only", lambda root: read_only)
     return pool

@@ -187,6 +187,9 @@ class LiveState:
                 {
                     "sandbox_id": handle.id,
                     "backend": self.backend.name,
+                    # The engine whose container it is: a prune through another
+                    # engine on this host leaves the record (and its workspace) alone.
+                    "engine": str(self.backend.engine_info().get("ID") or "") or None,
                     "container": handle.info["container"],
                     "deadline": handle.deadline,
                     "paused": paused,

@@ -258,22 +258,30 @@ def prune(
     ]
     volumes = sweep(found, lambda r: api.remove_volume(r.id))
 
-    if not dry_run:
-        # Records of paused sandboxes whose container is gone.
-        with contextlib.suppress(OSError):
-            for entry in os.listdir(checkpoint.record_dir()):
-                sid = entry.rpartition(".")[0]
-                if (
-                    entry.endswith((".json", ".lock"))
-                    and sid not in in_use
-                    and (sandbox is None or sid == sandbox)
-                ):
-                    checkpoint.remove_record(sid)
+    # Records of paused sandboxes whose container is gone.  The record
+    # directory is the host's: a record another engine wrote (a second
+    # dockerd on this host) is that engine's to remove, and so is the
+    # workspace it names.
+    kept: set[str] = set()
+    with contextlib.suppress(OSError):
+        entries = os.listdir(checkpoint.record_dir())
+        engine = _engine_id(api) if entries else ""
+        for entry in entries:
+            sid = entry.rpartition(".")[0]
+            if not entry.endswith((".json", ".lock")) or sid in in_use:
+                continue
+            record = _record(sid)
+            if record is not None and record.get("engine") not in (None, engine):
+                if isinstance(record.get("workspace"), str):
+                    kept.add(record["workspace"])
+                continue
+            if not dry_run and (sandbox is None or sid == sandbox):
+                checkpoint.remove_record(sid)
 
     workspaces: tuple[PrunedResource, ...] = ()
     if pool is not None:
         # A workspace stays while its sandbox's container does (in_use).
-        entries = pool.orphans(in_use, now=moment + (storage.ORPHAN_AGE if everything else 0.0))
+        entries = pool.orphans(in_use | kept, now=moment + (storage.ORPHAN_AGE if everything else 0.0))
         if sandbox is not None:
             entries = [e for e in entries if e in (f"ws/{sandbox}", f"slot/{sandbox}")]
         found = [
@@ -303,6 +311,12 @@ def _record(sandbox_id: str) -> dict[str, Any] | None:
         return checkpoint.read_record(sandbox_id)
     except AgentNestError:
         return None
+
+
+def _engine_id(api: Any) -> str:
+    """The engine's own id (``docker info``'s ``ID``), which records name (see LiveState.record)."""
+    with map_docker_errors("asking the engine for its id"):
+        return str(api.info().get("ID") or "")
 
 
 def _extended(api: Any, cid: str, now: float) -> bool:
