@@ -6,7 +6,9 @@ container engine.  It isolates nothing: never point it at untrusted code.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -56,10 +58,44 @@ class LocalAgent:
         self.stream = SocketStream(host)
 
     def kill(self) -> None:
+        """End the agent and every process below it, as removing a container would.
+
+        The commands are found before the agent dies (they are its
+        descendants until then): a command the agent had stopped on its way
+        to killing it (its timeout's tree kill) would stay stopped on the
+        host for good otherwise.
+        """
+        below = _descendants(self.proc.pid) if self.proc.poll() is None else set()
         if self.proc.poll() is None:
             self.proc.kill()
+        for pid in below:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         self.proc.wait()
         self.stream.close()
+
+
+def _descendants(root: int) -> set[int]:
+    """The pids below ``root`` now (from /proc: parent links)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            parents[int(entry)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier and pid not in found}
+        found |= frontier
+    return found
 
 
 class LocalBackend(RuntimeBackend):
