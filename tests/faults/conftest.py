@@ -58,7 +58,10 @@ class Cells:
         #: Per fault: the agentnest containers still on the engine after its sandboxes were closed.
         self.left_by_fault: dict[str, list[str]] = {}
         self.recoveries: dict[str, dict[str, Any]] = {}
+        #: The suite's own time: from its private engine's start to its end (not
+        #: the whole pytest session's, of which it is one package).
         self.started = time.monotonic()
+        self.finished: float | None = None
         #: Hung cells still running: (cell, thread, box, start), settled later (see settle()).
         self.pending: list[tuple[Cell, threading.Thread, dict[str, Any], float]] = []
 
@@ -139,7 +142,7 @@ class Cells:
                 for c in self.cells
             ),
             "leaks": self.leaks,
-            "seconds": round(time.monotonic() - self.started, 1),
+            "seconds": round((self.finished or time.monotonic()) - self.started, 1),
         }
 
     def write(self) -> None:
@@ -225,6 +228,7 @@ def private() -> Iterator[Private]:
 
     engine = PrivateEngine()
     proxy = BlackholeProxy(engine.socket)
+    _CELLS.started = time.monotonic()
     try:
         engine.start()
         engine.load_image(base_image())
@@ -239,6 +243,7 @@ def private() -> Iterator[Private]:
             warnings.simplefilter("ignore", ResourceWarning)
             gc.collect()
         left = leftovers()
+        _CELLS.finished = time.monotonic()
         _CELLS.leaks["processes_after_close"] = left
         assert left == [], f"the private engine left processes: {left}"
 
