@@ -92,18 +92,16 @@ def roots_in_use(mountpoint: str) -> set[str]:
 
     The roots (``/ws/ID``, ``/slot/ID``) of every mount of that filesystem,
     in every mount namespace on the host (each container has its own), except
-    mounts made under ``mountpoint`` itself in this process's namespace (the
-    pool's own slots).  Read from ``/proc/PID/mountinfo``, one process per
-    namespace; a process that exits meanwhile is skipped.  Root sees every
-    namespace; another user may not, and gets fewer roots.
+    mounts at a path under ``mountpoint`` itself: those are the pool's own
+    slots, or copies of them that shared propagation put in a namespace made
+    from the host's (a daemon's private one), not a sandbox's use.  Read from
+    ``/proc/PID/mountinfo``, one process per namespace; a process that exits
+    meanwhile is skipped.  Root sees every namespace; another user may not,
+    and gets fewer roots.
     """
     device = _device_of(mountpoint)
     if device is None:
         return set()
-    try:
-        here = os.readlink("/proc/self/ns/mnt")
-    except OSError:
-        here = ""
     inside = mountpoint.rstrip("/") + "/"
     seen: set[str] = set()
     roots: set[str] = set()
@@ -124,9 +122,7 @@ def roots_in_use(mountpoint: str) -> set[str]:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) < 5 or fields[2] != device or fields[3] == "/":
-                continue
-            if ns == here and fields[4].startswith(inside):
+            if len(fields) < 5 or fields[2] != device or fields[3] == "/" or fields[4].startswith(inside):
                 continue
             roots.add(fields[3])
     return roots
