@@ -173,41 +173,26 @@ def tag(shared_sandbox: Sandbox) -> Iterator[str]:
     shared_sandbox.exec(["python3", "-c", KILL_TAGGED, name], timeout=30)
 
 
-def test_double_fork_setsid_env_cleared_new_group(
+@pytest.mark.parametrize(
+    "script",
+    [
+        # The escapee's parent exits at once: an orphan in a session, group and environment of its own.
+        pytest.param("python3 {escape} {tag} daemon; sleep 1000", id="double-fork-setsid-env-cleared"),
+        pytest.param("python3 {escape} {tag} nested; sleep 1000", id="nested-setsid"),
+        # The top execs into another program: the subreaper bit survives execve.
+        pytest.param("exec python3 {escape} {tag} daemon --stay", id="top-execs-into-the-escaper"),
+    ],
+)
+def test_orphans_that_leave_the_session_group_and_environment(
     shared_sandbox: Sandbox,
     escape_script: str,
     tag: str,
     backend_name: str,
     request: pytest.FixtureRequest,
-) -> None:
-    """The escapee's parent exits at once: it is an orphan in a session, group and environment of its own."""
-    xfail_on(request, backend_name, "gvisor", NO_SUBREAPER)
-    time_out(shared_sandbox, f"python3 {escape_script} {tag} daemon; sleep 1000", 4)
-    assert_nothing_left(shared_sandbox, tag)
-
-
-def test_nested_setsid(
-    shared_sandbox: Sandbox,
-    escape_script: str,
-    tag: str,
-    backend_name: str,
-    request: pytest.FixtureRequest,
+    script: str,
 ) -> None:
     xfail_on(request, backend_name, "gvisor", NO_SUBREAPER)
-    time_out(shared_sandbox, f"python3 {escape_script} {tag} nested; sleep 1000", 4)
-    assert_nothing_left(shared_sandbox, tag)
-
-
-def test_top_execs_into_the_escaper(
-    shared_sandbox: Sandbox,
-    escape_script: str,
-    tag: str,
-    backend_name: str,
-    request: pytest.FixtureRequest,
-) -> None:
-    """The top ``exec``s into another program: the subreaper bit survives execve."""
-    xfail_on(request, backend_name, "gvisor", NO_SUBREAPER)
-    time_out(shared_sandbox, f"exec python3 {escape_script} {tag} daemon --stay", 4)
+    time_out(shared_sandbox, script.format(escape=escape_script, tag=tag), 4)
     assert_nothing_left(shared_sandbox, tag)
 
 

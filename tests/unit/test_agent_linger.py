@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_agent_listen import WAIT, run  # the same agent, reached through a socket
 
 from agentnest.channel.client import Channel
 from agentnest.channel.streams import SocketStream
@@ -28,8 +29,6 @@ from agentnest.runtime import bootstrap
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-WAIT = 20.0
 
 
 class Container:
@@ -92,18 +91,6 @@ def lingering(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Contai
         yield c
     finally:
         c.close()
-
-
-def run(ch: Channel, script: str) -> bytes:
-    handle = ch.start_exec(["/bin/sh", "-c", script], env={}, cwd=None, timeout=10, max_output=1 << 20)
-    out = [
-        data
-        for event in handle.events(time.monotonic() + WAIT)
-        if isinstance(event, tuple)
-        for _, data in [event]
-    ]
-    assert handle.result is not None and handle.result.code == 0, handle.result
-    return b"".join(out)
 
 
 def test_a_lost_stream_reaches_the_same_agent_with_its_session_and_commands(lingering: Container) -> None:
