@@ -104,7 +104,16 @@ def server(private: Private, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
     store = TokenStore(tmp_path_factory.mktemp("serve") / "tokens.json")
     _, secret = store.create("faults", Ceiling(max_sandboxes=8, max_timeout=600.0))
-    settings = ServerSettings(tokens=store, backends={"docker": private.backend()}, image=base_image())
+    # The manager's configuration: its database (SQLite) records every sandbox, and its
+    # verify loop asks the engine every second whether each still runs, so the faults
+    # below also hit the loop that must tell "the engine is down" from "the sandbox is gone".
+    settings = ServerSettings(
+        tokens=store,
+        backends={"docker": private.backend()},
+        image=base_image(),
+        database=f"sqlite:///{tmp_path_factory.mktemp('manager') / 'manager.db'}",
+        verify_interval=1.0,
+    )
     stack = contextlib.ExitStack()
     url = stack.enter_context(serve_in_thread(create_app(settings)))
     _SERVER.append(stack)
@@ -212,12 +221,13 @@ def finish(private: Private, cells: Cells, fault: str, v: Victims) -> None:
     ]
 
 
-def recovery(cells: Cells, fault: str, v: Victims) -> dict[str, str]:
+def recovery(cells: Cells, fault: str, v: Victims, **more: Callable[[], Any]) -> dict[str, str]:
     """After the fault is lifted: does the same sandbox work, keep its files, keep its session?"""
     checks = {
         "after.exec_shell": lambda: result_note(v.sb.exec_shell("echo ok", timeout=10)),
         "after.read_file": lambda: v.sb.read_file("keep.txt"),
         "after.session.run": lambda: repr(v.session.run("x + 1", timeout=10).result),
+        **{f"after.{name}": check for name, check in more.items()},
     }
     seen = {}
     for op, fn in checks.items():
@@ -278,7 +288,8 @@ def engine_fault(
             cap,
         )
         recover()
-        return recovery(cells, fault, v)
+        # The manager's sandbox, made before the fault, still serves (it was not taken for gone).
+        return recovery(cells, fault, v, server_exec=lambda: server.exec(sid, timeout=40))
     finally:
         private.proxy.mode = "relay"
         if not private.engine.healthy():
@@ -300,7 +311,7 @@ def test_engine_stopped(private: Private, server: Server, cells: Cells) -> None:
         RuntimeNotAvailableError,
     )
     verdict(cells, "engine_stopped")
-    assert seen["after.read_file"] == "kept", seen
+    assert seen["after.read_file"] == "kept" and seen["after.server_exec"] == "exit=0", seen
 
 
 def test_engine_restarted(private: Private, server: Server, cells: Cells) -> None:
@@ -310,6 +321,7 @@ def test_engine_restarted(private: Private, server: Server, cells: Cells) -> Non
     )
     verdict(cells, "engine_restarted")
     assert seen["after.read_file"] == "kept" and seen["after.exec_shell"] == "exit=0", seen
+    assert seen["after.server_exec"] == "exit=0", seen
 
 
 def test_engine_blackhole(private: Private, server: Server, cells: Cells) -> None:
@@ -323,7 +335,7 @@ def test_engine_blackhole(private: Private, server: Server, cells: Cells) -> Non
 
     seen = engine_fault(private, server, cells, "engine_blackhole", inject, recover, RuntimeNotAvailableError)
     verdict(cells, "engine_blackhole")
-    assert seen["after.exec_shell"] == "exit=0", seen
+    assert seen["after.exec_shell"] == "exit=0" and seen["after.server_exec"] == "exit=0", seen
 
 
 def test_engine_refused(private: Private, server: Server, cells: Cells) -> None:
@@ -337,7 +349,7 @@ def test_engine_refused(private: Private, server: Server, cells: Cells) -> None:
 
     seen = engine_fault(private, server, cells, "engine_refused", inject, recover, RuntimeNotAvailableError)
     verdict(cells, "engine_refused")
-    assert seen["after.exec_shell"] == "exit=0", seen
+    assert seen["after.exec_shell"] == "exit=0" and seen["after.server_exec"] == "exit=0", seen
 
 
 # -- agent and container faults ---------------------------------------------------------------------
