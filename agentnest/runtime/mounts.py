@@ -61,27 +61,18 @@ def top_mount(target: str, pid: int | str = "self") -> str | None:
 
     From ``/proc/PID/mountinfo``, which lists mounts in the order they were made.
     """
+    return _last_at(target, 3, pid)
+
+
+def _last_at(target: str, field: int, pid: int | str = "self") -> str | None:
+    """Field ``field`` of the topmost mount at ``target`` in ``/proc/PID/mountinfo``, or ``None``."""
     found: str | None = None
     try:
         with open(f"/proc/{pid}/mountinfo", encoding="utf-8") as f:
             for line in f:
                 fields = line.split()
                 if len(fields) > 4 and fields[4] == target:
-                    found = fields[3]
-    except OSError:
-        return None
-    return found
-
-
-def _device_of(mountpoint: str) -> str | None:
-    """The ``major:minor`` of the filesystem mounted at ``mountpoint`` (this process's view)."""
-    found: str | None = None
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 4 and fields[4] == mountpoint:
-                    found = fields[2]
+                    found = fields[field]
     except OSError:
         return None
     return found
@@ -99,7 +90,7 @@ def roots_in_use(mountpoint: str) -> set[str]:
     meanwhile is skipped.  Root sees every namespace; another user may not,
     and gets fewer roots.
     """
-    device = _device_of(mountpoint)
+    device = _last_at(mountpoint, 2)  # major:minor of the filesystem mounted there
     if device is None:
         return set()
     inside = mountpoint.rstrip("/") + "/"
