@@ -11,7 +11,7 @@ demo: engine venv image storage
 	$(BIN)/agentnest demo
 
 test: engine venv image browser storage postgres lint docs
-	AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q tests
+	AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q --durations=25 tests
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
