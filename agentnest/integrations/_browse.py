@@ -1,7 +1,7 @@
 """The browse tool's shared parts: is a sandbox a browser sandbox, and a page as text for a model.
 
 Used by :meth:`SandboxRunner.browse <agentnest.integrations.SandboxRunner.browse>`
-and by the MCP server's ``browse`` tool (:mod:`agentnest.mcp_browse`), so
+and by the MCP server's ``browse`` tool (:mod:`agentnest.mcp.browse`), so
 that a model reads a page the same way through either.
 
 .. versionadded:: 0.4.0

@@ -29,7 +29,7 @@ from agentnest.errors import BrowserError, BrowserTimeoutError, NavigationError
 from agentnest.integrations import RunOutput, SandboxRunner
 from agentnest.integrations._browse import CONSOLE_SHOWN, format_browse, is_browser_sandbox
 from agentnest.mcp import SandboxService, ServerSettings, build_server
-from agentnest.mcp_browse import check_presets, preset_sandbox_kwargs, tool_result
+from agentnest.mcp.browse import check_presets, preset_sandbox_kwargs, tool_result
 from agentnest.session import DisplayItem
 from agentnest.testing.process import LocalBackend
 

@@ -1,38 +1,16 @@
-"""``agentnest mcp``: sandboxes as tools of the Model Context Protocol.
+"""The sandboxes of one ``agentnest mcp`` server, as plain AgentNest: :class:`SandboxService`.
 
-Two layers.  :class:`SandboxService` is plain AgentNest: it owns the
-sandboxes one server created, enforces the server's limits and policy
-ceiling, and turns results into bounded JSON-ready dicts; it imports no MCP
-code and is tested without it.  :func:`build_server` puts an MCP face on it
-with the official SDK (``mcp.server.mcpserver.MCPServer``, the ``mcp``
-extra, imported only here and only when called): one tool per operation, the
-audit log as resources, every :class:`~agentnest.errors.AgentNestError` a
-tool error (``isError``) with its message, which the guard has redacted.
-
-Security model (docs/mcp.md):
-
-- The server's :class:`~agentnest.SecurityPolicy` is the ceiling.  A client
-  can ask for less memory, fewer CPUs or a shorter lifetime, never more, and
-  cannot choose the backend, the network, the environment or a writable root.
-  The ceiling is built into the policy each sandbox gets, so the guard itself
-  refuses a request over it (with a ``policy.denied`` event).
-- Only images the operator allowed: ``allowed_images`` of the policy, else the
-  server's own image.  A client cannot make the host pull arbitrary images.
-- Browser sandboxes (``preset="browser"``, with the ``browse`` tool) only
-  when the operator allows the preset (``ServerSettings.presets``), within
-  the same ceiling (see :mod:`agentnest.mcp_browse`).
-- Snapshots go to a directory the server owns; clients name them with a short
-  validated name, never a host path.
-- At most ``max_sandboxes`` live sandboxes, each with a lifetime (it stops
-  itself at its deadline even if the server is killed); all of them are
-  destroyed when the server stops.
+It decides what a client's call may do: it owns the sandboxes this server
+created (a registry by id, at most ``max_sandboxes``, each with a lifetime),
+holds each sandbox to the server's ceiling (built into the policy the sandbox
+gets, so the guard itself refuses what is over it, forks included), keeps
+snapshots in a directory the server owns (clients name them, never a host
+path), checks and coerces every argument a client sends, and turns results
+into bounded JSON-ready dicts.  It imports no MCP code and is tested without
+it; :mod:`agentnest.mcp.server` puts the MCP face on it.
 
 .. versionadded:: 0.4.0
 """
-
-# No ``from __future__ import annotations`` here: the MCP SDK reads the tool
-# functions' annotations (built inside build_server from lazily imported
-# pydantic) as objects to make the input schemas.
 
 import collections
 import dataclasses
@@ -40,42 +18,32 @@ import math
 import os
 import re
 import shutil
-import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import Any
 
-from .config import parse_size
-from .errors import (
+from ..config import parse_size
+from ..errors import (
     AgentNestError,
     ConfigurationError,
     ExecutionTimeoutError,
     FileAccessError,
-    MissingDependencyError,
     PolicyDeniedError,
     SandboxDestroyedError,
     SessionLostError,
 )
-from .events import Observer, SandboxEvent
-from .policy import SecurityPolicy
-from .runtime.base import RuntimeBackend
+from ..events import Observer, SandboxEvent
+from ..policy import SecurityPolicy
+from ..runtime.base import RuntimeBackend
+from .settings import MAX_FILE_BYTES, ServerSettings
 
-#: Lifetime of a sandbox when the client does not ask for one (seconds).
-DEFAULT_LIFETIME = 600.0
-#: The longest lifetime a client may ask for, unless the policy's max_timeout is lower.
-MAX_LIFETIME = 3600.0
-#: Live sandboxes per server, unless --max-sandboxes says otherwise.
-DEFAULT_MAX_SANDBOXES = 8
 #: Per-command timeout when the client gives none, and the most it may ask for.
 DEFAULT_EXEC_TIMEOUT = 60.0
 MAX_EXEC_TIMEOUT = 600.0
-#: One file read or written through MCP (the policy's max_file_bytes, if lower, wins).
-MAX_FILE_BYTES = 1024 * 1024
 #: Characters of stdout (and of stderr, result, traceback) sent back per call: the
 #: first and the last half are kept, the middle is replaced by a note.
 MAX_TEXT_CHARS = 64 * 1024
@@ -92,71 +60,6 @@ MAX_SNAPSHOTS = 32
 # other than the file name the server chose to build from it.
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _SNAPSHOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-if TYPE_CHECKING:
-    from mcp.server.mcpserver import MCPServer
-
-_T = TypeVar("_T")
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerSettings:
-    """How an MCP server makes sandboxes.  Everything here is the operator's choice.
-
-    Args:
-        backend: backend name (``docker``, ``gvisor``...) or instance; clients cannot change it.
-        policy: the ceiling for every sandbox (see the module docstring).
-        sandbox_kwargs: further :class:`~agentnest.Sandbox` arguments for every
-            sandbox (image, memory, cpus, pids, sizes, environment,
-            read_only_root), e.g. from a profile.
-        lifetime: default lifetime of a sandbox in seconds.
-        max_lifetime: the longest lifetime a client may ask for.
-        max_sandboxes: live sandboxes at once.
-        snapshot_dir: where snapshots go; None makes a private directory for
-            this server under ``$XDG_STATE_HOME/agentnest/mcp-snapshots`` that
-            is removed when the server stops.
-        observers: more event sinks (a JSONL log, tests).
-        presets: presets a client may ask create_sandbox for (``("browser",)``:
-            sandboxes with Chromium, and the ``browse`` tool); none by default.
-
-    .. versionchanged:: 0.4.0
-       ``presets``.
-    """
-
-    backend: str | RuntimeBackend = "docker"
-    policy: SecurityPolicy = dataclasses.field(default_factory=SecurityPolicy)
-    sandbox_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    lifetime: float = DEFAULT_LIFETIME
-    max_lifetime: float = MAX_LIFETIME
-    max_sandboxes: int = DEFAULT_MAX_SANDBOXES
-    snapshot_dir: Path | None = None
-    observers: Sequence[Observer] = ()
-    presets: Sequence[str] = ()
-
-    def __post_init__(self) -> None:
-        from .mcp_browse import check_presets
-
-        object.__setattr__(self, "presets", check_presets(self.presets))
-        count = self.max_sandboxes
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
-            raise ConfigurationError(f"max_sandboxes={count!r} must be an integer from 1 to 1000")
-        for name in ("lifetime", "max_lifetime"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
-        if self.lifetime > self.max_lifetime:
-            raise ConfigurationError(
-                f"the default lifetime {self.lifetime:g}s is longer than max_lifetime {self.max_lifetime:g}s"
-            )
-        unknown = set(self.sandbox_kwargs) - _SANDBOX_KWARGS
-        if unknown:
-            raise ConfigurationError(f"sandbox_kwargs cannot set {sorted(unknown)} for an MCP server")
-
-
-#: What the operator may preset for every sandbox (clients set none of these directly).
-_SANDBOX_KWARGS = frozenset(
-    {"image", "memory", "cpus", "pids", "workspace_size", "scratch_size", "environment", "read_only_root"}
-)
 
 
 class _Entry:
@@ -188,7 +91,7 @@ class SandboxService:
     """
 
     def __init__(self, settings: ServerSettings) -> None:
-        from .runtime.registry import get_backend
+        from ..runtime.registry import get_backend
 
         self.settings = settings
         backend = settings.backend
@@ -197,7 +100,7 @@ class SandboxService:
             raise ConfigurationError("backend must be a backend name or a RuntimeBackend instance")
         kwargs = dict(settings.sandbox_kwargs)
         if kwargs.get("image") is None:
-            from .sandbox import default_image
+            from ..sandbox import default_image
 
             kwargs["image"] = default_image()
         self._defaults = kwargs
@@ -257,7 +160,7 @@ class SandboxService:
                 the operator did not allow, or the server already runs
                 ``max_sandboxes`` sandboxes.
         """
-        from .sandbox import Sandbox
+        from ..sandbox import Sandbox
 
         client: dict[str, Any] = {}
         if image is not None:
@@ -273,7 +176,7 @@ class SandboxService:
         if preset is None:
             kwargs = {**self._defaults, **client}
         else:
-            from .mcp_browse import preset_sandbox_kwargs
+            from .browse import preset_sandbox_kwargs
 
             kwargs, policy = preset_sandbox_kwargs(self.settings, self.backend, self.policy, client, preset)
         kwargs["timeout"] = lifetime
@@ -417,13 +320,13 @@ class SandboxService:
     ) -> dict[str, Any]:
         """Open ``url`` in a browser sandbox: its text, console and screenshot (PNG, base64).
 
-        See :func:`agentnest.mcp_browse.browse` for the answer's keys.
+        See :func:`agentnest.mcp.browse.browse` for the answer's keys.
 
         Raises:
             UnsupportedCapabilityError: the sandbox is not a browser sandbox.
             BrowserError: the page failed to load or timed out.
         """
-        from .mcp_browse import browse
+        from .browse import browse
 
         return browse(self._get(sandbox_id), url, full_page, timeout, text_limit=MAX_TEXT_CHARS)
 
@@ -703,276 +606,3 @@ def _bound(text: str, limit: int = MAX_TEXT_CHARS) -> tuple[str, bool]:
     half = limit // 2
     cut = len(text) - 2 * half
     return f"{text[:half]}\n[... {cut} characters cut by agentnest mcp ...]\n{text[-half:]}", True
-
-
-# -- the MCP face ---------------------------------------------------------------------------
-
-_INSTRUCTIONS = """\
-AgentNest sandboxes: disposable, isolated Linux containers with Python.  Call
-create_sandbox first and pass the sandbox_id it returns to the other tools.
-Files live under /workspace (relative paths are relative to it).  A sandbox
-has no network unless the server allows it, stops at the end of its lifetime
-(expires_in), and is gone after destroy.  session_run keeps Python variables
-between calls; exec_python starts a fresh interpreter each time."""
-
-
-def _import_sdk() -> None:
-    try:
-        import mcp.server.mcpserver  # noqa: F401
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "agentnest mcp needs the MCP Python SDK 2.x: pip install 'agentnest[mcp]'"
-        ) from exc
-
-
-def build_server(service: SandboxService) -> "MCPServer":
-    """An ``MCPServer`` (MCP Python SDK) whose tools and resources drive ``service``.
-
-    Raises:
-        MissingDependencyError: the ``mcp`` extra is not installed.
-    """
-    _import_sdk()
-    from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
-    from mcp.types import ToolAnnotations
-    from pydantic import Field
-
-    from ._version import __version__
-    from .mcp_browse import BROWSE_INSTRUCTIONS
-
-    browsing = "browser" in service.settings.presets
-    server: MCPServer = MCPServer(
-        "agentnest",
-        version=__version__,
-        instructions=_INSTRUCTIONS + (BROWSE_INSTRUCTIONS if browsing else ""),
-        log_level="WARNING",
-    )
-
-    def call(fn: Callable[..., _T], *args: Any) -> _T:
-        try:
-            return fn(*args)
-        except AgentNestError as exc:
-            # Messages are written for people and already redacted by the
-            # guard; anything else becomes the SDK's generic error (no leak).
-            raise ToolError(f"{type(exc).__name__}: {exc}") from None
-
-    SandboxId = Annotated[str, Field(description="id returned by create_sandbox", max_length=64)]
-    Timeout = Annotated[
-        float | None,
-        Field(
-            description=f"seconds before the command and its processes are killed "
-            f"(default {DEFAULT_EXEC_TIMEOUT:g}, at most {MAX_EXEC_TIMEOUT:g})",
-            gt=0,
-        ),
-    ]
-    Path_ = Annotated[str, Field(description="path in the workspace, relative to /workspace or absolute")]
-    SnapshotName = Annotated[str, Field(description="1-64 letters, digits, '.', '_' or '-'", max_length=64)]
-    readonly = ToolAnnotations(read_only_hint=True, destructive_hint=False)
-    mutating = ToolAnnotations(read_only_hint=False, destructive_hint=False)
-    destructive = ToolAnnotations(read_only_hint=False, destructive_hint=True)
-
-    @server.tool(annotations=mutating)
-    def create_sandbox(
-        image: Annotated[
-            str | None, Field(description="image; only those the server allows (default: its own)")
-        ] = None,
-        timeout: Annotated[
-            float | None,
-            Field(
-                description="lifetime in seconds; the sandbox stops itself then "
-                f"(default {service.settings.lifetime:g}, at most {service.policy.max_timeout:g})",
-                gt=0,
-            ),
-        ] = None,
-        memory: Annotated[
-            str | None, Field(description="memory limit such as '256m', at most the server's")
-        ] = None,
-        cpus: Annotated[float | None, Field(description="CPU limit, at most the server's", gt=0)] = None,
-        preset: Annotated[
-            str | None,
-            Field(
-                description="'browser' for a sandbox with Chromium, to use with browse; presets this "
-                f"server allows: {', '.join(service.settings.presets) or 'none'}",
-                max_length=32,
-            ),
-        ] = None,
-    ) -> dict[str, Any]:
-        """Create an isolated sandbox and return its sandbox_id, limits and time left."""
-        return call(service.create_sandbox, image, timeout, memory, cpus, preset)
-
-    @server.tool(annotations=mutating)
-    def exec_shell(
-        sandbox_id: SandboxId,
-        command: Annotated[str, Field(description="shell script, run with /bin/sh -c in /workspace")],
-        timeout: Timeout = None,
-    ) -> dict[str, Any]:
-        """Run a shell command; returns exit_code, stdout, stderr, timed_out, truncated."""
-        return call(service.exec_shell, sandbox_id, command, timeout)
-
-    @server.tool(annotations=mutating)
-    def exec_python(
-        sandbox_id: SandboxId,
-        code: Annotated[str, Field(description="Python source, run by a fresh python3 process")],
-        timeout: Timeout = None,
-    ) -> dict[str, Any]:
-        """Run Python code in a new interpreter; returns exit_code, stdout, stderr."""
-        return call(service.exec_python, sandbox_id, code, timeout)
-
-    @server.tool(annotations=mutating)
-    def session_run(
-        sandbox_id: SandboxId,
-        code: Annotated[str, Field(description="Python source; a trailing expression's repr is returned")],
-        timeout: Timeout = None,
-    ) -> dict[str, Any]:
-        """Run code in the sandbox's persistent Python session: variables and imports stay between calls."""
-        return call(service.session_run, sandbox_id, code, timeout)
-
-    @server.tool(annotations=readonly)
-    def read_file(sandbox_id: SandboxId, path: Path_) -> dict[str, Any]:
-        """Read a UTF-8 text file of the workspace (at most 1 MiB)."""
-        return call(service.read_file, sandbox_id, path)
-
-    @server.tool(annotations=mutating)
-    def write_file(
-        sandbox_id: SandboxId,
-        path: Path_,
-        content: Annotated[str, Field(description="the file's new text (UTF-8, at most 1 MiB)")],
-    ) -> dict[str, Any]:
-        """Write a text file in the workspace, creating parent directories."""
-        return call(service.write_file, sandbox_id, path, content)
-
-    @server.tool(annotations=readonly)
-    def list_files(
-        sandbox_id: SandboxId,
-        path: Annotated[str, Field(description="directory in the workspace")] = ".",
-        recursive: Annotated[bool, Field(description="descend into subdirectories")] = False,
-    ) -> dict[str, Any]:
-        """List a workspace directory (links are listed, never followed; at most 1000 entries)."""
-        return call(service.list_files, sandbox_id, path, recursive)
-
-    @server.tool(annotations=mutating)
-    def fork(
-        sandbox_id: SandboxId,
-        timeout: Annotated[
-            float | None, Field(description="the new sandbox's lifetime in seconds", gt=0)
-        ] = None,
-    ) -> dict[str, Any]:
-        """Branch a sandbox into a new one with a copy of its workspace; returns the new sandbox."""
-        return call(service.fork, sandbox_id, timeout)
-
-    @server.tool(annotations=mutating)
-    def snapshot(sandbox_id: SandboxId, name: SnapshotName) -> dict[str, Any]:
-        """Save the workspace under a name (kept by the server; a name reused replaces it)."""
-        return call(service.snapshot, sandbox_id, name)
-
-    @server.tool(annotations=destructive)
-    def restore(sandbox_id: SandboxId, name: SnapshotName) -> dict[str, Any]:
-        """Replace the workspace's files with a snapshot made earlier by snapshot."""
-        return call(service.restore, sandbox_id, name)
-
-    @server.tool(annotations=destructive)
-    def destroy(sandbox_id: SandboxId) -> dict[str, Any]:
-        """Destroy a sandbox and everything in it."""
-        return call(service.destroy, sandbox_id)
-
-    if browsing:
-        from .mcp_browse import register_browse
-
-        register_browse(server, service, call, SandboxId, mutating)
-
-    @server.tool(annotations=readonly)
-    def list_sandboxes() -> dict[str, Any]:
-        """The live sandboxes of this server and how many more may be created."""
-        return call(service.list_sandboxes)
-
-    @server.resource(
-        "agentnest://audit",
-        name="audit",
-        description=f"the last {AUDIT_RETURN} audit events of this server's sandboxes (JSON)",
-        mime_type="application/json",
-    )
-    def audit_log() -> str:
-        return _json({"events": service.audit()})
-
-    @server.resource(
-        "agentnest://sandboxes/{sandbox_id}/audit",
-        name="sandbox-audit",
-        description=f"the last {AUDIT_RETURN} audit events of one sandbox (JSON)",
-        mime_type="application/json",
-    )
-    def sandbox_audit(sandbox_id: str) -> str:
-        if not _SANDBOX_ID.fullmatch(sandbox_id) or not service.knows(sandbox_id):
-            raise ResourceNotFoundError(f"no sandbox {sandbox_id!r:.80} on this server")
-        return _json({"sandbox_id": sandbox_id, "events": service.audit(sandbox_id)})
-
-    return server
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, default=str, indent=1)
-
-
-def run(
-    settings: ServerSettings,
-    transport: Literal["stdio", "http"] = "stdio",
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-) -> None:
-    """Serve until the client disconnects (stdio) or the process is stopped.
-
-    Every sandbox is destroyed on the way out: when stdin ends (stdio), and
-    on SIGTERM or SIGINT, after which the process exits with 128 + the signal
-    number.  Further signals are ignored while the sandboxes are destroyed.
-    """
-    _import_sdk()
-    service = SandboxService(settings)
-    stop = (signal.SIGTERM, signal.SIGINT)
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.getsignal(sig) for sig in stop} if in_main else {}
-
-    def hold_signals() -> None:
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        # Clean up here and exit at once: unwinding instead would wait for
-        # the SDK's stdin reader, a worker thread blocked in read() that no
-        # cancellation reaches, so the process would never exit.  (uvicorn
-        # runs its own graceful shutdown first and then re-raises the signal
-        # to this handler.)
-        hold_signals()
-        try:
-            service.close()
-        finally:
-            os._exit(128 + signum)
-
-    for sig in previous:
-        signal.signal(sig, on_signal)
-    try:
-        server = build_server(service)
-        if transport == "stdio":
-            server.run("stdio")
-        else:
-            server.run("streamable-http", host=host, port=port)
-    finally:
-        hold_signals()  # let the clean-up finish
-        try:
-            service.close()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
-__all__ = [
-    "DEFAULT_LIFETIME",
-    "DEFAULT_MAX_SANDBOXES",
-    "MAX_FILE_BYTES",
-    "MAX_TEXT_CHARS",
-    "SandboxService",
-    "ServerSettings",
-    "build_server",
-    "run",
-]

@@ -1,7 +1,8 @@
 """``agentnest mcp``'s browser sandboxes: the ``browser`` preset of create_sandbox and the browse tool.
 
-Kept apart from :mod:`agentnest.mcp` (which calls in here) so that the
-server module stays readable; nothing here imports the MCP SDK at import time.
+Kept apart from :mod:`agentnest.mcp.service` and :mod:`agentnest.mcp.server`
+(which call in here) so that they stay readable; nothing here imports the MCP
+SDK at import time.
 
 Security: a client gets a browser sandbox only when the operator allows the
 preset (``ServerSettings(presets=("browser",))``).  Such a sandbox is an
@@ -17,23 +18,23 @@ enabled the preset; an image the client names must be in the policy's
 """
 
 # No ``from __future__ import annotations``: the MCP SDK reads the browse
-# tool's annotations (register_browse) as objects, as in agentnest.mcp.
+# tool's annotations (register_browse) as objects, as in agentnest.mcp.server.
 
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
-from .config import PRESETS, parse_size
-from .errors import ConfigurationError, PolicyDeniedError
-from .integrations._browse import CONSOLE_SHOWN, format_browse, require_browser_sandbox
+from ..config import PRESETS, parse_size
+from ..errors import ConfigurationError, PolicyDeniedError
+from ..integrations._browse import CONSOLE_SHOWN, format_browse, require_browser_sandbox
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
     from mcp.types import CallToolResult, ToolAnnotations
 
-    from .policy import SecurityPolicy
-    from .runtime.base import RuntimeBackend
+    from ..policy import SecurityPolicy
+    from ..runtime.base import RuntimeBackend
 
 
 class PresetSettings(Protocol):
@@ -106,7 +107,7 @@ def preset_sandbox_kwargs(
     Raises:
         PolicyDeniedError: the operator does not allow ``preset``.
     """
-    from .browser.image import PRESET_DEFAULTS, preset_kwargs
+    from ..browser.image import PRESET_DEFAULTS, preset_kwargs
 
     if not isinstance(preset, str) or preset not in settings.presets:
         allowed = ", ".join(map(repr, settings.presets)) or "none"
@@ -156,7 +157,7 @@ def browse(
         ConfigurationError: a bad URL, ``full_page`` or ``timeout``.
         BrowserError: the page failed (timeout, navigation, refused site...).
     """
-    from .browser.driver import check_url
+    from ..browser.driver import check_url
 
     require_browser_sandbox(entry.sandbox, "create_sandbox with preset 'browser'")
     if not isinstance(url, str) or len(url) > 8192:
