@@ -10,8 +10,8 @@ import fnmatch
 import ipaddress
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from ._aliases import deprecated
@@ -385,3 +385,146 @@ class SecurityPolicy:
             f"the policy requires OCI runtime {self.required_runtime!r} but the backend has {found}; "
             f"{fix} or change the policy"
         )
+
+
+# -- a server's ceiling ---------------------------------------------------------------------
+#
+# One implementation for both servers that hand sandboxes to clients: the
+# manager (``agentnest serve``: a ceiling per token, agentnest.server.auth)
+# and ``agentnest mcp`` (one ceiling for the server, agentnest.mcp.service).
+
+
+@dataclass(frozen=True, slots=True)
+class Ceiling:
+    """The most a client of a server may ask for.  A request may narrow any of it, never widen it.
+
+    Every request is checked against it and refused (``PolicyDeniedError``,
+    HTTP 403 on the manager) when it asks for more; nothing is silently
+    clamped.  :meth:`bound` writes it into the policy each sandbox gets, so
+    the guard itself holds the sandbox, and every fork of it, to the ceiling.
+
+    .. versionadded:: 0.4.0
+    """
+
+    backends: tuple[str, ...] = ()
+    """Server backends the client may use; empty means the server's default backend only."""
+    images: tuple[str, ...] = ()
+    """Glob patterns of images; empty means the server's default image only (a client
+    must not make the host pull and run arbitrary images)."""
+    max_sandboxes: int = 4
+    """Live sandboxes of this client at once."""
+    max_memory: int = 512 * 1024 * 1024
+    max_cpus: float = 1.0
+    max_pids: int = 256
+    max_timeout: float = 3600.0
+    """Longest lifetime (seconds) a sandbox may have, extensions included."""
+    max_workspace: int = 256 * 1024 * 1024
+    max_output_bytes: int = 10_000_000
+    max_file_bytes: int = 64 * 1024 * 1024
+    network: tuple[str, ...] = ("denied",)
+    """Network modes the client may ask for (``denied``, ``allowlist``, ``open``)."""
+    domains: tuple[str, ...] = ()
+    """Glob patterns that every domain of an allowlist must match."""
+    writable_root: bool = False
+    """Whether a sandbox may ask for a writable root filesystem."""
+
+    def __post_init__(self) -> None:
+        from .config import parse_size  # config imports this module
+
+        for name in ("backends", "images", "network", "domains"):
+            value: object = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                raise ConfigurationError(f"ceiling {name} must be a list of strings")
+            if not all(isinstance(v, str) and v.strip() for v in value):
+                raise ConfigurationError(f"ceiling {name} must hold non-empty strings")
+            object.__setattr__(self, name, tuple(value))
+        modes = []
+        for mode in self.network:
+            try:
+                # Stored as ours' value: 0.3.0's 'deny'/'allow' name the same modes.
+                modes.append(NetworkMode(mode).value)
+            except ValueError:
+                raise ConfigurationError(
+                    f"ceiling network mode {mode!r} is unknown; use denied, allowlist or open"
+                ) from None
+        object.__setattr__(self, "network", tuple(modes))
+        count = self.max_sandboxes
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 10_000:
+            raise ConfigurationError(f"max_sandboxes={count!r} must be an integer from 0 to 10000")
+        for name in ("max_memory", "max_workspace", "max_file_bytes", "max_output_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, parse_size(value, name))
+            elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigurationError(f"{name}={value!r} must be a positive size")
+        for name in ("max_cpus", "max_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigurationError(f"{name}={value!r} must be a positive number")
+            object.__setattr__(self, name, float(value))
+        pids = self.max_pids
+        if isinstance(pids, bool) or not isinstance(pids, int) or pids <= 0:
+            raise ConfigurationError(f"max_pids={pids!r} must be a positive integer")
+        if not isinstance(self.writable_root, bool):
+            raise ConfigurationError("writable_root must be true or false")
+
+    def allows_image(self, image: str, default_image: str) -> bool:
+        if not self.images:
+            return image == default_image
+        return any(fnmatch.fnmatchcase(image, p) for p in self.images)
+
+    def allows_domain(self, domain: str) -> bool:
+        return any(fnmatch.fnmatchcase(domain, p) for p in self.domains)
+
+    def bound(self, policy: SecurityPolicy, default_image: str) -> SecurityPolicy:
+        """``policy`` held to this ceiling, for the guard to enforce on a sandbox and its forks.
+
+        The images become the ceiling's patterns (else ``default_image``
+        only), as :meth:`allows_image` decides; memory, CPUs, lifetime and the
+        file bound become the lower of the policy's and the ceiling's (a
+        policy's ``None`` is no limit).  The rest of ``policy`` is kept:
+        what else a client may ask for (backend, network, workspace, pids,
+        a writable root) is checked per request by the server that asks.
+        """
+        memory = self.max_memory
+        if policy.max_memory is not None:
+            memory = min(memory, int(policy.max_memory))
+        cpus = self.max_cpus if policy.max_cpus is None else min(self.max_cpus, policy.max_cpus)
+        timeout = self.max_timeout
+        if policy.max_timeout is not None:
+            timeout = min(timeout, policy.max_timeout)
+        return replace(
+            policy,
+            allowed_images=self.images or (default_image,),
+            max_memory=memory,
+            max_cpus=cpus,
+            max_timeout=timeout,
+            max_file_bytes=min(self.max_file_bytes, policy.max_file_bytes),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for name in ("backends", "images", "network", "domains"):
+            data[name] = list(data[name])
+        return data
+
+    def describe(self) -> str:
+        """One line for ``token list``."""
+        from .config import format_size  # config imports this module
+
+        return (
+            f"sandboxes<={self.max_sandboxes} memory<={format_size(self.max_memory)} "
+            f"cpus<={self.max_cpus:g} pids<={self.max_pids} lifetime<={self.max_timeout:g}s "
+            f"network={','.join(self.network)} backends={','.join(self.backends) or '(default)'} "
+            f"images={','.join(self.images) or '(default)'}"
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Ceiling:
+        if not isinstance(data, Mapping):
+            raise ConfigurationError("a token's ceiling must be an object")
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigurationError(f"unknown ceiling fields {sorted(unknown)}")
+        return cls(**dict(data))

@@ -13,7 +13,6 @@ it; :mod:`agentnest.mcp.server` puts the MCP face on it.
 """
 
 import collections
-import dataclasses
 import math
 import os
 import re
@@ -37,7 +36,7 @@ from ..errors import (
     SessionLostError,
 )
 from ..events import Observer, SandboxEvent
-from ..policy import SecurityPolicy
+from ..policy import Ceiling
 from ..runtime.base import RuntimeBackend
 from .settings import MAX_FILE_BYTES, ServerSettings
 
@@ -104,7 +103,9 @@ class SandboxService:
 
             kwargs["image"] = default_image()
         self._defaults = kwargs
-        self.policy = _ceiling(settings, kwargs)
+        # The ceiling is built into the policy every sandbox gets, so the
+        # guard itself refuses a request over it (a policy.denied event).
+        self.policy = _ceiling(settings, kwargs).bound(settings.policy, str(kwargs["image"]))
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=AUDIT_KEEP)
         self._observers: tuple[Observer, ...] = (self._record, *settings.observers)
         self._entries: dict[str, _Entry] = {}
@@ -530,8 +531,13 @@ class _Rewrite:
                     setattr(exc, attr, value.replace(self._old, self._new))
 
 
-def _ceiling(settings: ServerSettings, defaults: Mapping[str, Any]) -> SecurityPolicy:
-    """The server's policy with its ceilings made explicit, so clients can only narrow."""
+def _ceiling(settings: ServerSettings, defaults: Mapping[str, Any]) -> Ceiling:
+    """The server's ceiling: its policy's maxima, else what the operator gives every sandbox.
+
+    A client can then ask only for less (memory, CPUs, lifetime), and only
+    for the images the policy allows, else for the server's own image: an
+    open list would let a client make the host pull (and run) any image.
+    """
     policy = settings.policy
     memory = parse_size(defaults.get("memory", "512m"), "memory")
     max_memory = int(policy.max_memory) if policy.max_memory is not None else memory
@@ -541,15 +547,11 @@ def _ceiling(settings: ServerSettings, defaults: Mapping[str, Any]) -> SecurityP
         raise ConfigurationError(
             f"the default lifetime {settings.lifetime:g}s is over the policy's max_timeout {max_timeout:g}s"
         )
-    # Without an explicit allowlist only the server's own image: otherwise a
-    # client could make the host pull (and run) any image from any registry.
-    images = policy.allowed_images or (str(defaults["image"]),)
-    return dataclasses.replace(
-        policy,
+    return Ceiling(
+        images=policy.allowed_images,
         max_memory=max_memory,
         max_cpus=max_cpus,
         max_timeout=max_timeout,
-        allowed_images=images,
         max_file_bytes=min(policy.max_file_bytes, MAX_FILE_BYTES),
     )
 

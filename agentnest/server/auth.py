@@ -12,6 +12,9 @@ The file is JSON, written atomically with mode 0600, and re-read whenever it
 changes on disk, so ``agentnest serve token revoke`` takes effect on a
 running server without a restart.
 
+The ceiling itself is :class:`agentnest.policy.Ceiling`, the one ceiling of
+both servers (``serve`` and ``mcp``); it is importable from here as before.
+
 This module imports no web framework: the command line manages tokens
 without the ``server`` extra.
 
@@ -22,11 +25,9 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import fnmatch
 import hashlib
 import hmac
 import json
-import math
 import os
 import re
 import secrets
@@ -37,9 +38,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..config import format_size, parse_size
 from ..errors import ConfigurationError
-from ..policy import NetworkMode
+from ..policy import Ceiling
 from .tenants import DEFAULT_TENANT, Tenant, check_tenant_name
 
 #: The prefix of every secret, so that leaked tokens are easy to find (secret scanners).
@@ -57,108 +57,6 @@ def default_token_file() -> Path:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join("~", ".config")
     return Path(base).expanduser() / "agentnest" / "tokens.json"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Ceiling:
-    """The most a token may ask for.  A request may narrow any of it, never widen it.
-
-    Every request is checked against it and refused (HTTP 403) when it asks
-    for more; nothing is silently clamped.
-    """
-
-    backends: tuple[str, ...] = ()
-    """Server backends the token may use; empty means the server's default backend only."""
-    images: tuple[str, ...] = ()
-    """Glob patterns of images; empty means the server's default image only (a client
-    must not make the host pull and run arbitrary images)."""
-    max_sandboxes: int = 4
-    """Live sandboxes of this token at once."""
-    max_memory: int = 512 * 1024 * 1024
-    max_cpus: float = 1.0
-    max_pids: int = 256
-    max_timeout: float = 3600.0
-    """Longest lifetime (seconds) a sandbox may have, extensions included."""
-    max_workspace: int = 256 * 1024 * 1024
-    max_output_bytes: int = 10_000_000
-    max_file_bytes: int = 64 * 1024 * 1024
-    network: tuple[str, ...] = ("denied",)
-    """Network modes the token may ask for (``denied``, ``allowlist``, ``open``)."""
-    domains: tuple[str, ...] = ()
-    """Glob patterns that every domain of an allowlist must match."""
-    writable_root: bool = False
-    """Whether a sandbox may ask for a writable root filesystem."""
-
-    def __post_init__(self) -> None:
-        for name in ("backends", "images", "network", "domains"):
-            value: object = getattr(self, name)
-            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-                raise ConfigurationError(f"ceiling {name} must be a list of strings")
-            if not all(isinstance(v, str) and v.strip() for v in value):
-                raise ConfigurationError(f"ceiling {name} must hold non-empty strings")
-            object.__setattr__(self, name, tuple(value))
-        modes = []
-        for mode in self.network:
-            try:
-                # Stored as ours' value: 0.3.0's 'deny'/'allow' name the same modes.
-                modes.append(NetworkMode(mode).value)
-            except ValueError:
-                raise ConfigurationError(
-                    f"ceiling network mode {mode!r} is unknown; use denied, allowlist or open"
-                ) from None
-        object.__setattr__(self, "network", tuple(modes))
-        count = self.max_sandboxes
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 10_000:
-            raise ConfigurationError(f"max_sandboxes={count!r} must be an integer from 0 to 10000")
-        for name in ("max_memory", "max_workspace", "max_file_bytes", "max_output_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                object.__setattr__(self, name, parse_size(value, name))
-            elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigurationError(f"{name}={value!r} must be a positive size")
-        for name in ("max_cpus", "max_timeout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ConfigurationError(f"{name}={value!r} must be a positive number")
-            object.__setattr__(self, name, float(value))
-        pids = self.max_pids
-        if isinstance(pids, bool) or not isinstance(pids, int) or pids <= 0:
-            raise ConfigurationError(f"max_pids={pids!r} must be a positive integer")
-        if not isinstance(self.writable_root, bool):
-            raise ConfigurationError("writable_root must be true or false")
-
-    def allows_image(self, image: str, default_image: str) -> bool:
-        if not self.images:
-            return image == default_image
-        return any(fnmatch.fnmatchcase(image, p) for p in self.images)
-
-    def allows_domain(self, domain: str) -> bool:
-        return any(fnmatch.fnmatchcase(domain, p) for p in self.domains)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        for name in ("backends", "images", "network", "domains"):
-            data[name] = list(data[name])
-        return data
-
-    def describe(self) -> str:
-        """One line for ``token list``."""
-        return (
-            f"sandboxes<={self.max_sandboxes} memory<={format_size(self.max_memory)} "
-            f"cpus<={self.max_cpus:g} pids<={self.max_pids} lifetime<={self.max_timeout:g}s "
-            f"network={','.join(self.network)} backends={','.join(self.backends) or '(default)'} "
-            f"images={','.join(self.images) or '(default)'}"
-        )
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Ceiling:
-        if not isinstance(data, Mapping):
-            raise ConfigurationError("a token's ceiling must be an object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigurationError(f"unknown ceiling fields {sorted(unknown)}")
-        return cls(**dict(data))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

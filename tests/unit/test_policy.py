@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agentnest.errors import AgentNestError, ConfigurationError
-from agentnest.policy import NetworkMode, NetworkPolicy, SecurityPolicy
+from agentnest.policy import Ceiling, NetworkMode, NetworkPolicy, SecurityPolicy
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 
@@ -311,3 +311,45 @@ def test_policy_errors_are_agentnest_errors() -> None:
         NetworkPolicy.allowlist(["*"])
     with pytest.raises(ValueError):
         SecurityPolicy(max_output_bytes=0)
+
+
+# -- Ceiling (a server's: agentnest serve's tokens and agentnest mcp) -----------------------
+
+
+def test_the_one_ceiling_is_the_token_ceiling() -> None:
+    from agentnest.server import auth
+
+    assert auth.Ceiling is Ceiling
+
+
+def test_bound_takes_the_lower_limit_and_the_ceilings_images() -> None:
+    loose = SecurityPolicy(max_memory="2g", max_cpus=4, max_file_bytes=1 << 30, allowed_images=("any/*",))
+    bound = Ceiling(max_memory=1 << 30, max_cpus=1, max_timeout=60, max_file_bytes=1 << 20).bound(
+        loose, "mine"
+    )
+    assert (bound.max_memory, bound.max_cpus, bound.max_timeout) == (1 << 30, 1.0, 60.0)
+    assert bound.max_file_bytes == 1 << 20
+    assert bound.allowed_images == ("mine",)  # an empty ceiling list: the server's image only
+    assert bound.check_image("any/thing") is not None and bound.check_image("mine") is None
+
+    tight = SecurityPolicy(max_memory="256m", max_cpus=0.5, max_timeout=30, max_file_bytes=4096)
+    kept = Ceiling(images=("py:*",)).bound(tight, "mine")
+    assert (kept.max_memory, kept.max_cpus, kept.max_timeout, kept.max_file_bytes) == (
+        256 << 20,
+        0.5,
+        30,
+        4096,
+    )
+    assert kept.allowed_images == ("py:*",)
+
+
+def test_bound_keeps_what_a_server_checks_per_request() -> None:
+    policy = SecurityPolicy(
+        network=NetworkPolicy.allowlist(["pypi.org"]),
+        max_pids=1024,
+        read_only_root=False,
+        max_output_bytes=4096,
+    )
+    bound = Ceiling(max_pids=64).bound(policy, "mine")
+    assert bound.network == policy.network
+    assert (bound.max_pids, bound.read_only_root, bound.max_output_bytes) == (1024, False, 4096)
