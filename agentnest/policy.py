@@ -5,13 +5,15 @@ Frozen and validated at construction, so that an unsafe policy cannot exist.
 
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
 import enum
 import fnmatch
 import ipaddress
 import math
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._aliases import deprecated
@@ -493,7 +495,7 @@ class Ceiling:
         timeout = self.max_timeout
         if policy.max_timeout is not None:
             timeout = min(timeout, policy.max_timeout)
-        return replace(
+        return dataclasses.replace(
             policy,
             allowed_images=self.images or (default_image,),
             max_memory=memory,
@@ -503,7 +505,7 @@ class Ceiling:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = dataclasses.asdict(self)
         for name in ("backends", "images", "network", "domains"):
             data[name] = list(data[name])
         return data
@@ -520,10 +522,10 @@ class Ceiling:
         )
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Ceiling:
-        if not isinstance(data, Mapping):
+    def from_dict(cls, data: collections.abc.Mapping[str, Any]) -> Ceiling:
+        if not isinstance(data, collections.abc.Mapping):
             raise ConfigurationError("a token's ceiling must be an object")
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ConfigurationError(f"unknown ceiling fields {sorted(unknown)}")
