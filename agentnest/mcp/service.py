@@ -532,12 +532,7 @@ class _Rewrite:
 
 
 def _ceiling(settings: ServerSettings, defaults: Mapping[str, Any]) -> Ceiling:
-    """The server's ceiling: its policy's maxima, else what the operator gives every sandbox.
-
-    A client can then ask only for less (memory, CPUs, lifetime), and only
-    for the images the policy allows, else for the server's own image: an
-    open list would let a client make the host pull (and run) any image.
-    """
+    """The server's ceiling: its policy's maxima, else what the operator gives every sandbox."""
     policy = settings.policy
     memory = parse_size(defaults.get("memory", "512m"), "memory")
     max_memory = int(policy.max_memory) if policy.max_memory is not None else memory
@@ -547,6 +542,8 @@ def _ceiling(settings: ServerSettings, defaults: Mapping[str, Any]) -> Ceiling:
         raise ConfigurationError(
             f"the default lifetime {settings.lifetime:g}s is over the policy's max_timeout {max_timeout:g}s"
         )
+    # Without an explicit allowlist only the server's own image (Ceiling.bound):
+    # otherwise a client could make the host pull (and run) any image from any registry.
     return Ceiling(
         images=policy.allowed_images,
         max_memory=max_memory,
