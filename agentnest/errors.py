@@ -42,8 +42,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .config import ExecutionResult
-    from .session import SessionResult
+    # The one import that points up, for types only (httpx's _exceptions -> _models):
+    # an error's ``.result`` is a result type, and results.py raises these errors.
+    from .results import ExecutionResult, SessionResult
 
 
 class AgentNestError(Exception):
@@ -317,6 +318,92 @@ class NavigationError(BrowserError):
 
     .. versionadded:: 0.4.0
     """
+
+
+# -- the closed error-code table (HTTP API, remote backend) -----------------------------
+
+#: Error code -> (HTTP status, exception class rebuilt by the client).  Closed:
+#: anything else a server sends becomes a plain AgentNestError.  The order
+#: matters for :func:`error_code`: subclasses come before their bases.
+ERROR_CODES: dict[str, tuple[int, type[AgentNestError]]] = {
+    "invalid": (400, ConfigurationError),
+    "not_found": (404, AgentNestError),
+    "file_not_found": (404, FileAccessError),
+    "file_refused": (400, FileAccessError),
+    "snapshot_refused": (400, SnapshotError),
+    "policy_denied": (403, PolicyDeniedError),
+    "quota": (429, PolicyDeniedError),
+    # Admission (agentnest.server.admission): why a create was not admitted in time.
+    "tenant_cap": (429, AdmissionRefusedError),
+    "capacity": (429, AdmissionRefusedError),
+    "rate": (429, AdmissionRefusedError),
+    "queue_full": (429, AdmissionRefusedError),
+    "pool_empty": (429, AdmissionRefusedError),
+    "unsupported": (409, UnsupportedCapabilityError),
+    "gone": (410, SandboxDestroyedError),
+    "session_lost": (409, SessionLostError),
+    "timeout": (408, ExecutionTimeoutError),
+    "execution": (400, ExecutionError),
+    "image_not_found": (400, ImageNotFoundError),
+    "verification": (409, VerificationError),
+    "runtime_unavailable": (503, RuntimeNotAvailableError),
+    # The manager's database is down: nothing is admitted that cannot be recorded.
+    "database_unavailable": (503, RuntimeNotAvailableError),
+    # The replica that runs the sandbox did not answer this one (agentnest.server.forward).
+    "replica_unavailable": (503, RuntimeNotAvailableError),
+    "backend": (502, BackendError),
+    "channel": (502, ChannelError),
+    "missing_dependency": (501, MissingDependencyError),
+    "audit": (500, AuditError),
+    "too_large": (413, ConfigurationError),
+    "unauthorized": (401, AgentNestError),
+    "error": (500, AgentNestError),
+}
+
+
+def error_code(exc: AgentNestError) -> str:
+    """The stable wire code of an AgentNest error."""
+    if isinstance(exc, FileAccessError):
+        return "file_not_found" if exc.code == "not_found" else "file_refused"
+    if (
+        isinstance(exc, AdmissionRefusedError)
+        and ERROR_CODES.get(exc.reason, (0, None))[1] is AdmissionRefusedError
+    ):
+        return exc.reason
+    table: tuple[tuple[type[AgentNestError], str], ...] = (
+        (ImageNotFoundError, "image_not_found"),
+        (RuntimeNotAvailableError, "runtime_unavailable"),
+        (BackendError, "backend"),
+        (ConfigurationError, "invalid"),
+        (PolicyDeniedError, "policy_denied"),
+        (UnsupportedCapabilityError, "unsupported"),
+        (SandboxDestroyedError, "gone"),
+        (SessionLostError, "session_lost"),
+        (ExecutionTimeoutError, "timeout"),
+        (ExecutionError, "execution"),
+        (SnapshotError, "snapshot_refused"),
+        (VerificationError, "verification"),
+        (ChannelError, "channel"),
+        (MissingDependencyError, "missing_dependency"),
+        (AuditError, "audit"),
+    )
+    for cls, code in table:
+        if isinstance(exc, cls):
+            return code
+    return "error"
+
+
+def rebuild_error(code: object, message: str, retry_after: float | None = None) -> AgentNestError:
+    """The exception for a wire error (client side); unknown codes become AgentNestError."""
+    entry = ERROR_CODES.get(code) if isinstance(code, str) else None
+    cls = entry[1] if entry is not None else AgentNestError
+    if cls is AdmissionRefusedError:
+        return AdmissionRefusedError(message, reason=str(code), retry_after=retry_after)
+    if cls is FileAccessError:
+        return FileAccessError(message, code="not_found" if code == "file_not_found" else "io")
+    if cls is SnapshotError:
+        return SnapshotError(message)
+    return cls(message)
 
 
 __all__ = [

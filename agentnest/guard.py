@@ -130,7 +130,9 @@ class Guard:
 
     def check_create(self, capabilities: frozenset[Capability], runtime: str | None = None) -> None:
         """Refuse, before anything exists, what the policy forbids or the backend cannot enforce."""
-        reason = self.policy.check_image(self.config.image) or self.policy.check_limits(self.config)
+        reason = self.policy.check_image(self.config.image) or self.policy.check_limits(
+            self.config.limits, self.config.lifetime
+        )
         if reason:
             self.deny("sandbox.create", reason)
         if self.policy.read_only_root and not self.config.read_only_root:

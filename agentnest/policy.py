@@ -14,14 +14,12 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._aliases import deprecated
 from .egress.proxy import check_pattern
 from .errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from .config import SandboxConfig
+from .limits import ResourceLimits, format_size, parse_size
 
 _RUNTIME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 #: Backend names that people use for an OCI runtime.
@@ -306,8 +304,6 @@ class SecurityPolicy:
                 )
             object.__setattr__(self, "required_runtime", RUNTIME_ALIASES.get(runtime, runtime))
         if self.max_memory is not None:
-            from .config import parse_size  # config imports this module
-
             object.__setattr__(self, "max_memory", parse_size(self.max_memory, "max_memory"))
         for name, integral in (("max_cpus", False), ("max_pids", True), ("max_timeout", False)):
             ceiling: Any = getattr(self, name)
@@ -355,11 +351,13 @@ class SecurityPolicy:
             return f"image {image!r} matches none of allowed_images {list(self.allowed_images)}"
         return None
 
-    def check_limits(self, config: SandboxConfig) -> str | None:
-        """Return why ``config`` asks for more than a ceiling allows, or None."""
-        from .config import format_size
+    def check_limits(self, limits: ResourceLimits, lifetime: float | None = None) -> str | None:
+        """Return why ``limits`` (and a sandbox ``lifetime`` in seconds) ask for more than a
+        ceiling allows, or None.
 
-        limits = config.limits
+        .. versionchanged:: 0.4.0
+           Takes the limits and the lifetime, not a whole ``SandboxConfig``.
+        """
         if self.max_memory is not None and limits.memory > int(self.max_memory):
             return (
                 f"memory {format_size(limits.memory)} exceeds the policy's max_memory "
@@ -369,9 +367,9 @@ class SecurityPolicy:
             return f"cpus {limits.cpus:g} exceeds the policy's max_cpus {self.max_cpus:g}; ask for less"
         if self.max_pids is not None and limits.pids > self.max_pids:
             return f"pids {limits.pids} exceeds the policy's max_pids {self.max_pids}; ask for less"
-        if self.max_timeout is not None and config.lifetime > self.max_timeout:
+        if self.max_timeout is not None and lifetime is not None and lifetime > self.max_timeout:
             return (
-                f"timeout {config.lifetime:g}s exceeds the policy's max_timeout {self.max_timeout:g}s; "
+                f"timeout {lifetime:g}s exceeds the policy's max_timeout {self.max_timeout:g}s; "
                 "ask for a shorter lifetime"
             )
         return None

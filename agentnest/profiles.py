@@ -28,8 +28,9 @@ from types import MappingProxyType
 from typing import Any
 
 from .approvals import APPROVAL_KINDS, ApprovalRule, RuleApprover
-from .config import ResourceLimits, SandboxConfig, _freeze_env, parse_size
+from .config import _freeze_env
 from .errors import ConfigurationError, MissingDependencyError, ProfileError
+from .limits import ResourceLimits, parse_size
 from .policy import NetworkPolicy, SecurityPolicy
 
 ENV_VAR = "AGENTNEST_PROFILE_FILE"
@@ -478,9 +479,7 @@ def _build(w: _Where, name: str, settings: dict[str, Any], line: int) -> Profile
     if "timeout" in settings and not 1 <= settings["timeout"] <= 7 * 24 * 3600:
         raise w.error(line, f"{where}.timeout", "is out of range; use 1 to 604800 seconds")
     # A profile must not ask for more than its own ceilings allow.
-    reason = policy.check_limits(
-        SandboxConfig(image="profile", lifetime=settings.get("timeout", 300.0), limits=limits)
-    )
+    reason = policy.check_limits(limits, settings.get("timeout", 300.0))
     if reason:
         raise w.error(line, where, reason)
     return Profile(

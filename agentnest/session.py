@@ -41,7 +41,6 @@ from .config import ExecutionChunk
 from .errors import (
     ChannelError,
     ConfigurationError,
-    ExecutionError,
     ExecutionTimeoutError,
     SandboxDestroyedError,
     SessionLostError,
@@ -49,6 +48,7 @@ from .errors import (
 )
 from .events import EventType
 from .guard import scrub_errors
+from .results import DisplayItem, SessionResult
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
@@ -93,90 +93,6 @@ class PythonSessionInfo:
     """When its interpreter started (Unix time, by the sandbox's clock)."""
     busy: bool
     """It is running code (or still starting) right now."""
-
-
-@dataclass(frozen=True, slots=True)
-class DisplayItem:
-    """One rich output of a session run, as a notebook shows it.
-
-    ``data`` is text for textual types (``text/html``, ``text/markdown``,
-    ``image/svg+xml``, ``application/json``, ``text/latex``, ``text/plain``;
-    secrets redacted) and base64 for binary ones (``image/png``,
-    ``image/jpeg``), as in a Jupyter notebook file.  :meth:`raw` gives bytes.
-
-    .. versionadded:: 0.4.0
-    """
-
-    mime: str
-    data: str
-    result: bool = False
-    """The rich form of the code's trailing expression (whose ``repr()`` is
-    :attr:`SessionResult.result`), not a ``display()`` call or a figure.
-
-    .. versionadded:: 0.4.0"""
-
-    @property
-    def binary(self) -> bool:
-        """True for images (``data`` is base64)."""
-        return self.mime in BINARY_MIMES
-
-    def raw(self) -> bytes:
-        """The item's bytes: base64-decoded for images, UTF-8 for text."""
-        return base64.b64decode(self.data) if self.binary else self.data.encode("utf-8")
-
-
-@dataclass(frozen=True, slots=True)
-class SessionResult:
-    """The outcome of one :meth:`PythonSession.run`.
-
-    Text fields are decoded as UTF-8 and have every secret redacted.
-
-    .. versionadded:: 0.4.0
-    """
-
-    stdout: str
-    """What the code (and processes it started) wrote to stdout."""
-    stderr: str
-    """What it wrote to stderr."""
-    result: str | None = None
-    """``repr()`` of the trailing expression's value, e.g. ``"42"``; None when
-    the code does not end in an expression or its value is None.  At most
-    64 Ki characters (longer reprs are cut and ``truncated`` is set)."""
-    error: str | None = None
-    """The formatted traceback if the code raised (a ``SyntaxError`` too)."""
-    display: tuple[DisplayItem, ...] = ()
-    """Rich outputs: ``display(obj)`` calls, a trailing value with a
-    ``_repr_*_`` method, matplotlib figures left open."""
-    duration: float = 0.0
-    """Seconds the run took inside the sandbox."""
-    timed_out: bool = False
-    """The run passed its timeout and was interrupted (KeyboardInterrupt)."""
-    truncated: bool = False
-    """Output, result, traceback or display items were cut at their limits."""
-
-    @property
-    def ok(self) -> bool:
-        """True when the code raised nothing and finished within its timeout."""
-        return self.error is None and not self.timed_out
-
-    @property
-    def output(self) -> str:
-        """stdout followed by stderr."""
-        return self.stdout + self.stderr
-
-    def check(self) -> SessionResult:
-        """Return self if ``ok``; raise :class:`ExecutionError` otherwise.
-
-        Raises:
-            ExecutionTimeoutError: the run timed out.
-            ExecutionError: the code raised; the message is the exception line.
-        """
-        if self.timed_out:
-            raise ExecutionTimeoutError(f"session code timed out after {self.duration:.1f}s", self)
-        if self.error is not None:
-            lines = self.error.strip().splitlines() or [""]
-            raise ExecutionError(f"session code raised {lines[-1][:500]}", self)
-        return self
 
 
 @scrub_errors

@@ -213,7 +213,7 @@ def _config(args: argparse.Namespace) -> Any:
         read_only_root=given.get("read_only_root", True),
     )
     if "security_policy" in given:
-        reason = given["security_policy"].check_limits(config)
+        reason = given["security_policy"].check_limits(config.limits, config.lifetime)
         if reason:
             raise ConfigurationError(f"the profile's policy refuses these settings: {reason}")
     return config

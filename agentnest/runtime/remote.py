@@ -39,6 +39,7 @@ from ..errors import (
     ConfigurationError,
     MissingDependencyError,
     RuntimeNotAvailableError,
+    rebuild_error,
 )
 from ..secrets import Secret
 from .base import Capability, RuntimeBackend, SandboxHandle
@@ -248,8 +249,6 @@ class RemoteBackend(RuntimeBackend):
         return response
 
     def _error(self, response: Any) -> AgentNestError:
-        from ..server.schemas import rebuild_error
-
         try:
             body = response.json()
         except ValueError:
