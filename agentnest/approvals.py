@@ -178,11 +178,29 @@ class RuleApprover:
     def from_yaml(cls, path: str | os.PathLike[str]) -> RuleApprover:
         """Load rules from a YAML file: ``{default: deny, rules: [{kind, match, action}, ...]}``.
 
-        Errors name the file and line, as profile errors do.
+        Errors name the file and line, as profile errors do.  The reading is
+        :func:`agentnest.profiles.load_rules` (the YAML reader of profiles).
         """
-        from .profiles import load_rules
+        if _rules_loader is None:  # pragma: no cover - ``import agentnest`` imports profiles
+            raise ConfigurationError(
+                "RuleApprover.from_yaml needs agentnest.profiles: import agentnest first"
+            )
+        return _rules_loader(path)
 
-        return load_rules(path)
+
+#: Reads a rules file into a :class:`RuleApprover` for :meth:`RuleApprover.from_yaml`.
+#: The YAML reading and its ``file:line:`` errors belong to :mod:`agentnest.profiles`,
+#: which sits above this module: it hands its ``load_rules`` down through
+#: :func:`use_rules_loader` when it is imported (``import agentnest`` imports it),
+#: so this module imports nothing above it.
+RulesLoader = Callable[["str | os.PathLike[str]"], "RuleApprover"]
+_rules_loader: RulesLoader | None = None
+
+
+def use_rules_loader(loader: RulesLoader) -> None:
+    """Make ``loader`` the reader behind :meth:`RuleApprover.from_yaml` (profiles.py calls this)."""
+    global _rules_loader
+    _rules_loader = loader
 
 
 class PromptApprover:

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .approvals import APPROVAL_KINDS, ApprovalRule, RuleApprover
+from .approvals import APPROVAL_KINDS, ApprovalRule, RuleApprover, use_rules_loader
 from .config import _freeze_env
 from .errors import ConfigurationError, MissingDependencyError, ProfileError
 from .limits import ResourceLimits, parse_size
@@ -620,6 +620,10 @@ def load_profiles(path: str | os.PathLike[str]) -> ProfileSet:
             available = ", ".join(sorted(resolved)) or "none"
             raise w.error(line, "default", f"no profile {default!r}; available: {available}")
     return ProfileSet(path, MappingProxyType(resolved), default)
+
+
+# RuleApprover.from_yaml reads through this module (approvals.py sits below it).
+use_rules_loader(load_rules)
 
 
 __all__ = [
