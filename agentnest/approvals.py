@@ -259,9 +259,11 @@ __all__ = [
     "ApprovalRule",
     "PromptApprover",
     "RuleApprover",
+    "RulesLoader",
     "allow_all",
     "builtin",
     "command_line",
     "deny_all",
     "describe",
+    "use_rules_loader",
 ]
