@@ -55,21 +55,19 @@ import json
 import os
 import posixpath
 import re
+import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ._aliases import deprecated, renamed
 from .errors import (
-    BackendError,
     ConfigurationError,
-    ImageNotFoundError,
     MissingDependencyError,
     RuntimeNotAvailableError,
-    TemplateBaseNotFoundError,
     TemplateBuildError,
 )
 from .secrets import Secret
@@ -153,10 +151,62 @@ ProgressCallback = Callable[[BuildEvent], None]
 # -- the spec ---------------------------------------------------------------------------
 
 
-def _default_base() -> str:
-    from .runtime.docker.images import base_image
+class TemplateEngine(Protocol):
+    """The engine side of a template, as :class:`Template` asks for it.
 
-    return base_image()
+    The spec is pure; naming the default base image, finding a base's ID and
+    building belong to an engine.  The ``docker`` backend's builder
+    (:mod:`agentnest.runtime.docker.builder`) is the one AgentNest has: the
+    runtime registry hands it down with :func:`use_engine` (``import
+    agentnest`` does), so this module imports nothing from ``runtime/``.
+
+    .. versionadded:: 0.4.0
+    """
+
+    def default_base(self) -> str:
+        """The default base image's reference (AgentNest's default image)."""
+        ...
+
+    def base_id(self, base: str) -> str:
+        """The ID of image ``base`` on the default engine (pulled if missing)."""
+        ...
+
+    def build(
+        self,
+        template: Template,
+        reference: tuple[str, str] | None,
+        *,
+        api: Any,
+        progress: ProgressCallback | None,
+        force: bool,
+    ) -> str:
+        """Build ``template`` (with ``api``, or the default engine's when None), also tag it
+        ``reference`` (``(repository, tag)``) when given; return its content-addressed tag.
+
+        Raises the errors :meth:`Template.build` documents.
+        """
+        ...
+
+
+_engine_factory: Callable[[], TemplateEngine] | None = None
+
+
+def use_engine(factory: Callable[[], TemplateEngine]) -> None:
+    """Make ``factory`` (called on each use, so it may import lazily) the template engine."""
+    global _engine_factory
+    _engine_factory = factory
+
+
+def _engine() -> TemplateEngine:
+    if _engine_factory is None:  # pragma: no cover - agentnest.runtime hands one down at import
+        raise RuntimeNotAvailableError(
+            "no template engine: import agentnest (its runtime registry names one)"
+        )
+    return _engine_factory()
+
+
+def _default_base() -> str:
+    return _engine().default_base()
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -340,8 +390,6 @@ class Template:
         Returns:
             The Dockerfile's text.
         """
-        from .runtime.docker.builder import render_dockerfile
-
         text, _ = render_dockerfile(self, self.base_image, installer=self.wheels is not None)
         return text
 
@@ -370,9 +418,7 @@ class Template:
         Asks the Docker engine for the base image's ID; see :meth:`tag_for` for the
         pure computation.
         """
-        from .runtime.docker.builder import default_api, resolve_base
-
-        return self.tag_for(resolve_base(default_api(), self.base_image))
+        return self.tag_for(_engine().base_id(self.base_image))
 
     def _canonical(
         self, base_image_id: str, wheels: Mapping[str, str], installer: str | None
@@ -433,24 +479,11 @@ class Template:
             TemplateBaseNotFoundError: the base image is missing and cannot be pulled.
             RuntimeNotAvailableError: no Docker engine.
         """
-        from .runtime.docker.builder import build_template, default_api
-
         reference = _image_tag(tag) if tag is not None else None
         engine = _engine_api(client, api)
         if self.pip_packages and not self.wheels:
             raise TemplateBuildError(_offline_pip_hint(self.pip_packages))
-        try:
-            if engine is None:
-                engine = default_api()
-            content_tag = build_template(self, engine, progress=progress, force=force)
-            if reference is not None:
-                _add_tag(engine, content_tag, *reference)
-        except (RuntimeNotAvailableError, ConfigurationError):
-            raise  # no engine (a TemplateBuildError already), or a bad value: as they are
-        except ImageNotFoundError as exc:
-            raise TemplateBaseNotFoundError(str(exc)) from exc
-        except BackendError as exc:
-            raise TemplateBuildError(str(exc)) from exc
+        content_tag = _engine().build(self, reference, api=engine, progress=progress, force=force)
         return tag if tag is not None else content_tag
 
     # -- loading -------------------------------------------------------------
@@ -592,6 +625,115 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+# -- the Dockerfile (pure: the engine's builder runs it) ---------------------------------
+
+#: Where wheels are staged inside the image during the build (deleted afterwards).
+STAGING = "/tmp/agentnest-wheels"
+#: Build argument with this machine's Debian mirror, for images without apt sources.
+MIRROR_ARG = "AGENTNEST_APT_MIRROR"
+
+
+def _run(script: str) -> str:
+    # Exec form: the script reaches /bin/sh as one argument, with no Dockerfile
+    # variable expansion or line continuation to get wrong.
+    return "RUN " + json.dumps(["/bin/sh", "-c", script])
+
+
+def _env_value(value: str) -> str:
+    # Inside double quotes the Dockerfile parser unescapes \\, \" and \$ only.
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    return f'"{escaped}"'
+
+
+def _apt_script(packages: Sequence[str]) -> str:
+    return "\n".join(
+        [
+            "set -eu",
+            "if ! command -v apt-get >/dev/null 2>&1; then",
+            "  echo 'agentnest: the base image has no apt-get; apt_packages need a Debian-based image' >&2",
+            "  exit 100",
+            "fi",
+            # An image without sources (some minimal images) gets this machine's mirror.
+            "if ! grep -qsE '^[[:space:]]*(deb[[:space:]]|URIs:)' "
+            "/etc/apt/sources.list /etc/apt/sources.list.d/*; then",
+            "  . /etc/os-release",
+            f'  echo "deb ${MIRROR_ARG} ${{VERSION_CODENAME:?cannot tell the Debian release}} main"'
+            " > /etc/apt/sources.list",
+            '  echo "agentnest: the image has no apt sources; using $(cat /etc/apt/sources.list)"',
+            "fi",
+            "export DEBIAN_FRONTEND=noninteractive",
+            "apt-get update",
+            "apt-get install -y --no-install-recommends " + " ".join(shlex.quote(p) for p in packages),
+            "apt-get clean",
+            "rm -rf /var/lib/apt/lists/*",
+        ]
+    )
+
+
+def _pip_script(requirements: Sequence[str] = ()) -> str:
+    wheels = f"{STAGING}/wheels"
+    # Requirements are resolved from the staged wheels; without any, every wheel is installed.
+    targets = " ".join(shlex.quote(r) for r in requirements) if requirements else f"{wheels}/*.whl"
+    return "\n".join(
+        [
+            "set -eu",
+            "if python3 -m pip --version >/dev/null 2>&1; then :",
+            f"elif [ -f {STAGING}/installer/pip.whl ]; then export PYTHONPATH={STAGING}/installer/pip.whl",
+            "else",
+            "  echo 'agentnest: the base image has no pip and this host has no pip wheel to lend it; "
+            "add python3-pip to apt_packages' >&2",
+            "  exit 100",
+            "fi",
+            # Offline, into the system's site-packages (an image is its own environment,
+            # hence PEP 668's guard is lifted), with no cache left in the layer.
+            "export PIP_NO_INDEX=1 PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore "
+            "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1",
+            f"python3 -m pip install --no-index --find-links {wheels} {targets}",
+            f"rm -rf {STAGING}",
+        ]
+    )
+
+
+def render_dockerfile(template: Template, base_image_id: str, *, installer: bool) -> tuple[str, list[str]]:
+    """The Dockerfile for ``template`` on ``base_image_id``, and one description per instruction.
+
+    ``installer`` says whether the context carries a pip wheel for images without pip.
+    """
+    lines: list[tuple[str, str]] = [
+        (f"FROM {base_image_id}", f"base image {base_image_id.removeprefix('sha256:')[:12]}"),
+        ("USER root", "build steps run as root"),
+    ]
+    if template.apt_packages:
+        count = len(template.apt_packages)
+        lines.append((f"ARG {MIRROR_ARG}", "Debian mirror for images without apt sources"))
+        lines.append(
+            (
+                _run(_apt_script(template.apt_packages)),
+                f"install {count} Debian package{'s' * (count != 1)}: {' '.join(template.apt_packages)}",
+            )
+        )
+    if template.wheels:
+        lines.append(("ADD wheels.tar /", "add the wheels"))
+    if template.pip_packages:
+        listed = " ".join(template.pip_packages)
+        lines.append((_run(_pip_script(template.pip_packages)), f"pip install (offline): {listed}"[:120]))
+    elif template.wheels:
+        lines.append((_run(_pip_script()), "install the wheels with pip (offline)"))
+    if template.files:
+        count = len(template.files)
+        lines.append(("ADD files.tar /", f"add {count} file{'s' * (count != 1)}"))
+    if template.environment:
+        pairs = " ".join(f"{k}={_env_value(v)}" for k, v in template.environment.items())
+        lines.append((f"ENV {pairs}", f"set {', '.join(template.environment)}"))
+    for command in template.commands:
+        first = command.strip().splitlines()[0]
+        lines.append((_run(command), f"run: {first[:100]}"))
+    lines.append(("USER 65532:65532", "sandbox user 65532"))
+    lines.append(("WORKDIR /workspace", "working directory /workspace"))
+    header = f"# Generated by AgentNest (template recipe {RECIPE_VERSION}); do not edit.\n"
+    return header + "".join(f"{line}\n" for line, _ in lines), [what for _, what in lines]
+
+
 # -- 0.3.0 compatibility ----------------------------------------------------------------
 
 
@@ -640,15 +782,6 @@ def _image_tag(tag: object) -> tuple[str, str]:
             "choose another name, or leave tag out to get the content-addressed one"
         )
     return repository, name
-
-
-def _add_tag(api: Any, image: str, repository: str, name: str) -> None:
-    from .runtime.docker.engine import map_docker_errors
-
-    with map_docker_errors(f"tagging {image} as {repository}:{name}", image):
-        # force: the name moves to this image if another had it, as `docker tag` does.
-        if api.tag(image, repository, name, force=True) is False:
-            raise BackendError(f"the engine did not tag {image} as {repository}:{name}")
 
 
 def _offline_pip_hint(requirements: Sequence[str]) -> str:
@@ -909,10 +1042,13 @@ __all__ = [
     "BuildEvent",
     "ProgressCallback",
     "Template",
+    "TemplateEngine",
     "content_bytes",
     "digest_of",
     "file_sha256",
     "installer_wheel",
+    "render_dockerfile",
     "tag_of",
+    "use_engine",
     "wheel_digests",
 ]

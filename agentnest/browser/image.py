@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError, TemplateBuildError
-from ..templates import BuildEvent, ProgressCallback, Template, _add_tag, _image_tag
+from ..templates import BuildEvent, ProgressCallback, Template, _image_tag
 
 #: The stable name of the newest browser image on the engine.
 BROWSER_IMAGE = "agentnest/preset:browser"
@@ -189,9 +189,10 @@ def browser_image(*, api: Any = None, progress: ProgressCallback | None = None, 
             the wheels could not be fetched.
         RuntimeNotAvailableError: no Docker engine.
     """
-    from ..runtime.docker.builder import default_api
+    from ..runtime.docker.builder import add_tag
+    from ..runtime.registry import docker_api
 
-    api = api if api is not None else default_api()
+    api = api if api is not None else docker_api()
     with _lock:
         known = _built.get(api)
         if known is not None and not force:
@@ -200,7 +201,7 @@ def browser_image(*, api: Any = None, progress: ProgressCallback | None = None, 
             return known
         template = browser_template(browser_wheels(engine_arch(api)))
         tag = template.build(api=api, progress=progress, force=force)
-        _add_tag(api, tag, *_image_tag(BROWSER_IMAGE))
+        add_tag(api, tag, *_image_tag(BROWSER_IMAGE))
         _built[api] = tag
         return tag
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from typing import Any
 
+from .. import templates
 from ..errors import ConfigurationError
 from .base import RuntimeBackend
 
@@ -53,6 +55,26 @@ BUILTIN: dict[str, BackendFactory] = {
     "remote": _remote,
 }
 """Built-in backends: Docker with runc, runsc (gVisor) or kata-runtime; Kubernetes; a server."""
+
+
+def docker_api() -> Any:
+    """The docker-py ``APIClient`` of the shared ``docker`` backend."""
+    from .docker import DockerBackend
+
+    backend = get_backend("docker")
+    if not isinstance(backend, DockerBackend):  # pragma: no cover - "docker" is built in
+        raise ConfigurationError("the docker backend is not a Docker engine backend")
+    return backend.api
+
+
+def _template_engine() -> templates.TemplateEngine:
+    from .docker.builder import DockerTemplateEngine
+
+    return DockerTemplateEngine(docker_api)
+
+
+# Templates are built by the docker backend's builder; templates.py (below runtime/) is told so here.
+templates.use_engine(_template_engine)
 
 _shared: dict[str, RuntimeBackend] = {}
 _lock = threading.Lock()

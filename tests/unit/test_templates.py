@@ -1214,7 +1214,7 @@ def test_dockerfile_describes_the_spec_without_an_engine(monkeypatch: pytest.Mon
     def no_engine() -> None:
         raise AssertionError("dockerfile() asked the engine")
 
-    monkeypatch.setattr(builder, "default_api", no_engine)
+    monkeypatch.setattr(registry, "docker_api", no_engine)
     text = chain_0_3_0().dockerfile()
     lines = instructions(text)
     assert lines[0] == f"FROM {BASE}"  # the name as given; build() pins the ID

@@ -1,7 +1,10 @@
 """Build a :class:`~agentnest.templates.Template` with the engine's (classic) builder.
 
-The spec becomes a generated Dockerfile and a build context (a tar) in a
-temporary directory; nothing is pulled from a registry but the base image,
+The engine side of templates (:class:`DockerTemplateEngine`, handed down to
+:mod:`agentnest.templates` by the runtime registry): the default base's name,
+a base's ID, building and tagging.  The spec becomes the Dockerfile that
+:func:`agentnest.templates.render_dockerfile` writes (pure) and a build
+context (a tar) in a temporary directory; nothing is pulled from a registry but the base image,
 and only when it is missing.  The recipe, in build order:
 
 1. ``FROM <base image ID>``: the ID the tag was computed from, so the image
@@ -30,29 +33,36 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import io
-import json
 import os
 import re
-import shlex
 import shutil
 import tarfile
 import tempfile
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendError, ConfigurationError, ImageNotFoundError
+from ...errors import (
+    BackendError,
+    ConfigurationError,
+    ImageNotFoundError,
+    RuntimeNotAvailableError,
+    TemplateBaseNotFoundError,
+    TemplateBuildError,
+)
 from ...templates import (
     LABEL,
     LABEL_BASE,
-    RECIPE_VERSION,
+    MIRROR_ARG,
+    STAGING,
     BuildEvent,
     ProgressCallback,
     content_bytes,
     digest_of,
     file_sha256,
     installer_wheel,
+    render_dockerfile,
     tag_of,
     wheel_digests,
     wheel_files,
@@ -62,10 +72,6 @@ from .engine import map_docker_errors
 if TYPE_CHECKING:
     from ...templates import Template
 
-#: Where wheels are staged inside the image during the build (deleted afterwards).
-STAGING = "/tmp/agentnest-wheels"
-#: Build argument with this machine's Debian mirror, for images without apt sources.
-MIRROR_ARG = "AGENTNEST_APT_MIRROR"
 #: Modification time of added files: fixed, so the same content makes the same layer.
 _MTIME = 315532800  # 1980-01-01, the earliest time a zip file can hold
 #: Output lines of the current step kept for the error message if it fails.
@@ -77,17 +83,6 @@ _BOOKKEEPING = re.compile(
     r"|Successfully built [0-9a-f]+|Successfully tagged \S+)$"
 )
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
-
-
-def default_api() -> Any:
-    """The docker-py ``APIClient`` of the shared ``docker`` backend."""
-    from ..registry import get_backend
-    from .backend import DockerBackend
-
-    backend = get_backend("docker")
-    if not isinstance(backend, DockerBackend):  # pragma: no cover - "docker" is built in
-        raise ConfigurationError("the docker backend is not a Docker engine backend")
-    return backend.api
 
 
 def resolve_base(api: Any, base: str) -> str:
@@ -114,108 +109,58 @@ def resolve_base(api: Any, base: str) -> str:
         return str(api.inspect_image(base)["Id"])
 
 
-# -- the recipe -------------------------------------------------------------------------
+def add_tag(api: Any, image: str, repository: str, name: str) -> None:
+    """Tag ``image`` as ``repository:name`` (the name moves here if another image had it)."""
+    with map_docker_errors(f"tagging {image} as {repository}:{name}", image):
+        # force: the name moves to this image if another had it, as `docker tag` does.
+        if api.tag(image, repository, name, force=True) is False:
+            raise BackendError(f"the engine did not tag {image} as {repository}:{name}")
 
 
-def _run(script: str) -> str:
-    # Exec form: the script reaches /bin/sh as one argument, with no Dockerfile
-    # variable expansion or line continuation to get wrong.
-    return "RUN " + json.dumps(["/bin/sh", "-c", script])
+class DockerTemplateEngine:
+    """The :class:`~agentnest.templates.TemplateEngine` of the ``docker`` backend.
 
-
-def _env_value(value: str) -> str:
-    # Inside double quotes the Dockerfile parser unescapes \\, \" and \$ only.
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
-    return f'"{escaped}"'
-
-
-def _apt_script(packages: Sequence[str]) -> str:
-    return "\n".join(
-        [
-            "set -eu",
-            "if ! command -v apt-get >/dev/null 2>&1; then",
-            "  echo 'agentnest: the base image has no apt-get; apt_packages need a Debian-based image' >&2",
-            "  exit 100",
-            "fi",
-            # An image without sources (some minimal images) gets this machine's mirror.
-            "if ! grep -qsE '^[[:space:]]*(deb[[:space:]]|URIs:)' "
-            "/etc/apt/sources.list /etc/apt/sources.list.d/*; then",
-            "  . /etc/os-release",
-            f'  echo "deb ${MIRROR_ARG} ${{VERSION_CODENAME:?cannot tell the Debian release}} main"'
-            " > /etc/apt/sources.list",
-            '  echo "agentnest: the image has no apt sources; using $(cat /etc/apt/sources.list)"',
-            "fi",
-            "export DEBIAN_FRONTEND=noninteractive",
-            "apt-get update",
-            "apt-get install -y --no-install-recommends " + " ".join(shlex.quote(p) for p in packages),
-            "apt-get clean",
-            "rm -rf /var/lib/apt/lists/*",
-        ]
-    )
-
-
-def _pip_script(requirements: Sequence[str] = ()) -> str:
-    wheels = f"{STAGING}/wheels"
-    # Requirements are resolved from the staged wheels; without any, every wheel is installed.
-    targets = " ".join(shlex.quote(r) for r in requirements) if requirements else f"{wheels}/*.whl"
-    return "\n".join(
-        [
-            "set -eu",
-            "if python3 -m pip --version >/dev/null 2>&1; then :",
-            f"elif [ -f {STAGING}/installer/pip.whl ]; then export PYTHONPATH={STAGING}/installer/pip.whl",
-            "else",
-            "  echo 'agentnest: the base image has no pip and this host has no pip wheel to lend it; "
-            "add python3-pip to apt_packages' >&2",
-            "  exit 100",
-            "fi",
-            # Offline, into the system's site-packages (an image is its own environment,
-            # hence PEP 668's guard is lifted), with no cache left in the layer.
-            "export PIP_NO_INDEX=1 PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore "
-            "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1",
-            f"python3 -m pip install --no-index --find-links {wheels} {targets}",
-            f"rm -rf {STAGING}",
-        ]
-    )
-
-
-def render_dockerfile(template: Template, base_image_id: str, *, installer: bool) -> tuple[str, list[str]]:
-    """The Dockerfile for ``template`` on ``base_image_id``, and one description per instruction.
-
-    ``installer`` says whether the context carries a pip wheel for images without pip.
+    What ``Template.build()``, ``Template.tag`` and ``Template()``'s default base
+    ask for; the runtime registry hands it to :mod:`agentnest.templates`, with
+    ``default_api``: the docker-py ``APIClient`` to use when the caller gives none
+    (the shared ``docker`` backend's), asked only when needed.
     """
-    lines: list[tuple[str, str]] = [
-        (f"FROM {base_image_id}", f"base image {base_image_id.removeprefix('sha256:')[:12]}"),
-        ("USER root", "build steps run as root"),
-    ]
-    if template.apt_packages:
-        count = len(template.apt_packages)
-        lines.append((f"ARG {MIRROR_ARG}", "Debian mirror for images without apt sources"))
-        lines.append(
-            (
-                _run(_apt_script(template.apt_packages)),
-                f"install {count} Debian package{'s' * (count != 1)}: {' '.join(template.apt_packages)}",
-            )
-        )
-    if template.wheels:
-        lines.append(("ADD wheels.tar /", "add the wheels"))
-    if template.pip_packages:
-        listed = " ".join(template.pip_packages)
-        lines.append((_run(_pip_script(template.pip_packages)), f"pip install (offline): {listed}"[:120]))
-    elif template.wheels:
-        lines.append((_run(_pip_script()), "install the wheels with pip (offline)"))
-    if template.files:
-        count = len(template.files)
-        lines.append(("ADD files.tar /", f"add {count} file{'s' * (count != 1)}"))
-    if template.environment:
-        pairs = " ".join(f"{k}={_env_value(v)}" for k, v in template.environment.items())
-        lines.append((f"ENV {pairs}", f"set {', '.join(template.environment)}"))
-    for command in template.commands:
-        first = command.strip().splitlines()[0]
-        lines.append((_run(command), f"run: {first[:100]}"))
-    lines.append(("USER 65532:65532", "sandbox user 65532"))
-    lines.append(("WORKDIR /workspace", "working directory /workspace"))
-    header = f"# Generated by AgentNest (template recipe {RECIPE_VERSION}); do not edit.\n"
-    return header + "".join(f"{line}\n" for line, _ in lines), [what for _, what in lines]
+
+    def __init__(self, default_api: Callable[[], Any]) -> None:
+        self.default_api = default_api
+
+    def default_base(self) -> str:
+        from .images import base_image
+
+        return base_image()
+
+    def base_id(self, base: str) -> str:
+        return resolve_base(self.default_api(), base)
+
+    def build(
+        self,
+        template: Template,
+        reference: tuple[str, str] | None,
+        *,
+        api: Any,
+        progress: ProgressCallback | None,
+        force: bool,
+    ) -> str:
+        try:
+            engine = api if api is not None else self.default_api()
+            content_tag = build_template(template, engine, progress=progress, force=force)
+            if reference is not None:
+                add_tag(engine, content_tag, *reference)
+        except (RuntimeNotAvailableError, ConfigurationError):
+            raise  # no engine (a TemplateBuildError already), or a bad value: as they are
+        except ImageNotFoundError as exc:
+            raise TemplateBaseNotFoundError(str(exc)) from exc
+        except BackendError as exc:
+            raise TemplateBuildError(str(exc)) from exc
+        return content_tag
+
+
+# -- the recipe -------------------------------------------------------------------------
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
@@ -340,17 +285,17 @@ def _build_lock(digest: str) -> Iterator[None]:
 
 def build_template(
     template: Template,
-    api: Any = None,
+    api: Any,
     *,
     progress: ProgressCallback | None = None,
     force: bool = False,
 ) -> str:
-    """Build ``template`` unless its tag exists with a matching label; return the tag.
+    """Build ``template`` with docker-py ``APIClient`` ``api`` unless its tag exists with a
+    matching label; return the tag.
 
     See :meth:`agentnest.templates.Template.build`.
     """
     emit: Callable[[BuildEvent], None] = progress or (lambda _event: None)
-    api = api if api is not None else default_api()
     base_id = resolve_base(api, template.base_image)
     with tempfile.TemporaryDirectory(prefix="agentnest-template-") as tmp_name:
         tmp = Path(tmp_name)
