@@ -3,15 +3,7 @@
 from ._version import __version__
 from .aio import AsyncExecutionStream, AsyncPythonSession, AsyncSandbox, AsyncSessionStream
 from .approvals import ApprovalRequest
-from .config import (
-    Artifact,
-    ExecutionChunk,
-    ExecutionResult,
-    FileInfo,
-    ResourceLimits,
-    SandboxConfig,
-    SnapshotMetadata,
-)
+from .config import SandboxConfig
 from .errors import (
     AdmissionRefusedError,
     AgentNestError,
@@ -45,12 +37,22 @@ from .errors import (
     VerificationError,
 )
 from .events import EventType, JsonLogObserver, MemoryObserver, OpenTelemetryObserver, SandboxEvent
+from .limits import ResourceLimits
 from .policy import NetworkMode, NetworkPolicy, SecurityPolicy
 from .pool import AsyncSandboxPool, PoolStats, SandboxPool
 from .profiles import Profile
+from .results import (
+    Artifact,
+    DisplayItem,
+    ExecutionChunk,
+    ExecutionResult,
+    FileInfo,
+    SessionResult,
+    SnapshotMetadata,
+)
 from .sandbox import ExecutionStream, Sandbox
 from .secrets import Secret
-from .session import DisplayItem, PythonSession, PythonSessionInfo, SessionResult, SessionStream
+from .session import PythonSession, PythonSessionInfo, SessionStream
 from .templates import Template
 
 __all__ = [
