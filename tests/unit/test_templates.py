@@ -38,7 +38,6 @@ from agentnest.errors import (
     TemplateBuildError,
 )
 from agentnest.runtime import registry
-from agentnest.runtime.docker import builder
 from agentnest.secrets import Secret
 from agentnest.templates import LABEL, LABEL_BASE, BuildEvent, Template
 
@@ -528,7 +527,7 @@ def instructions(dockerfile: str) -> list[str]:
 
 
 def test_dockerfile_runs_each_part_in_order_and_ends_as_the_sandbox_user(wheels: Path) -> None:
-    dockerfile, steps = builder.render_dockerfile(spec(wheels=str(wheels)), BASE_ID, installer=True)
+    dockerfile, steps = templates.render_dockerfile(spec(wheels=str(wheels)), BASE_ID, installer=True)
     lines = instructions(dockerfile)
     assert len(lines) == len(steps)
     kinds = [line.split(" ", 1)[0] for line in lines]
@@ -562,7 +561,7 @@ def test_dockerfile_runs_each_part_in_order_and_ends_as_the_sandbox_user(wheels:
 
 
 def test_dockerfile_without_packages_or_wheels_has_no_such_steps() -> None:
-    dockerfile, _ = builder.render_dockerfile(
+    dockerfile, _ = templates.render_dockerfile(
         Template(base_image=BASE, commands=("true",)), BASE_ID, installer=False
     )
     assert "ARG" not in dockerfile and "apt-get" not in dockerfile and "ADD" not in dockerfile
@@ -577,12 +576,12 @@ def test_dockerfile_without_packages_or_wheels_has_no_such_steps() -> None:
 
 def test_environment_values_are_escaped_for_the_dockerfile() -> None:
     template = Template(base_image=BASE, environment={"A": 'say "hi" $HOME \\n end', "B": ""})
-    dockerfile, _ = builder.render_dockerfile(template, BASE_ID, installer=False)
+    dockerfile, _ = templates.render_dockerfile(template, BASE_ID, installer=False)
     assert 'ENV A="say \\"hi\\" \\$HOME \\\\n end" B=""' in dockerfile
 
 
 def test_package_pins_are_quoted_for_the_shell() -> None:
-    dockerfile, _ = builder.render_dockerfile(
+    dockerfile, _ = templates.render_dockerfile(
         Template(base_image=BASE, apt_packages=("jq=1:1.6~x",)), BASE_ID, installer=False
     )
     assert "--no-install-recommends 'jq=1:1.6~x'" in json.loads(instructions(dockerfile)[3][4:])[2]
@@ -743,7 +742,7 @@ def test_build_streams_steps_and_labels_the_image(fake: FakeBuildAPI) -> None:
     assert call["tag"] == tag and call["custom_context"] is True and call["decode"] is True
     assert (call["rm"], call["forcerm"], call["pull"], call["nocache"]) == (True, True, False, False)
     assert call["labels"] == {LABEL: template.digest(BASE_ID), LABEL_BASE: BASE_ID}
-    assert call["buildargs"] == {builder.MIRROR_ARG: "http://mirror.invalid/debian"}
+    assert call["buildargs"] == {templates.MIRROR_ARG: "http://mirror.invalid/debian"}
     assert call["use_config_proxy"] is False
     assert seen.kinds()[0] == "resolved" and seen.kinds()[-1] == "built"
     steps = [e for e in seen.events if e.kind == "step"]
@@ -1198,7 +1197,7 @@ def test_pip_packages_without_wheels_build_nothing_and_say_how_to_get_them(fake:
 def test_pip_packages_are_installed_from_the_wheels_only(fake: FakeBuildAPI, tmp_path: Path) -> None:
     wheels = write_wheels(tmp_path / "w", "rich-13.0-py3-none-any.whl", "pygments-2.0-py3-none-any.whl")
     template = Template(BASE, wheels=str(wheels)).pip_install("rich==13.0")
-    dockerfile, steps = builder.render_dockerfile(template, BASE_ID, installer=True)
+    dockerfile, steps = templates.render_dockerfile(template, BASE_ID, installer=True)
     pip = next(json.loads(line[4:])[2] for line in instructions(dockerfile) if "pip install" in line)
     # The requirement, resolved from the staged wheels; not every wheel in the directory.
     assert "pip install --no-index --find-links /tmp/agentnest-wheels/wheels rich==13.0\n" in pip
@@ -1214,7 +1213,7 @@ def test_dockerfile_describes_the_spec_without_an_engine(monkeypatch: pytest.Mon
     def no_engine() -> None:
         raise AssertionError("dockerfile() asked the engine")
 
-    monkeypatch.setattr(registry, "docker_api", no_engine)
+    monkeypatch.setattr(templates, "_engine_factory", no_engine)
     text = chain_0_3_0().dockerfile()
     lines = instructions(text)
     assert lines[0] == f"FROM {BASE}"  # the name as given; build() pins the ID
@@ -1225,7 +1224,7 @@ def test_dockerfile_describes_the_spec_without_an_engine(monkeypatch: pytest.Mon
     assert lines.index('RUN ["/bin/sh", "-c", "python -V"]') < lines.index("USER 65532:65532")
     assert lines[-2:] == ["USER 65532:65532", "WORKDIR /workspace"]
     # The same text the build sends, but for the base's name.
-    built, _ = builder.render_dockerfile(chain_0_3_0(), BASE_ID, installer=False)
+    built, _ = templates.render_dockerfile(chain_0_3_0(), BASE_ID, installer=False)
     assert built.replace(f"FROM {BASE_ID}", f"FROM {BASE}") == text
 
 

@@ -160,7 +160,7 @@ class DockerTemplateEngine:
         return content_tag
 
 
-# -- the recipe -------------------------------------------------------------------------
+# -- the build context and the build --------------------------------------------------
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
