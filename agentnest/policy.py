@@ -429,8 +429,6 @@ class Ceiling:
     """Whether a sandbox may ask for a writable root filesystem."""
 
     def __post_init__(self) -> None:
-        from .config import parse_size  # config imports this module
-
         for name in ("backends", "images", "network", "domains"):
             value: object = getattr(self, name)
             if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
@@ -510,8 +508,6 @@ class Ceiling:
 
     def describe(self) -> str:
         """One line for ``token list``."""
-        from .config import format_size  # config imports this module
-
         return (
             f"sandboxes<={self.max_sandboxes} memory<={format_size(self.max_memory)} "
             f"cpus<={self.max_cpus:g} pids<={self.max_pids} lifetime<={self.max_timeout:g}s "
