@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._aliases import deprecated
-from .egress.proxy import check_pattern
+from .egress.rules import check_pattern
 from .errors import ConfigurationError
 from .limits import ResourceLimits, format_size, parse_size
 
@@ -53,7 +53,7 @@ class NetworkMode(str, enum.Enum):
 
 
 def _check_domain(pattern: str) -> str:
-    # The proxy's own check (agentnest/egress/proxy.py), so that the policy
+    # The proxy's own check (agentnest/egress/rules.py), so that the policy
     # and the proxy can never disagree on what an entry means.
     try:
         return check_pattern(pattern)

@@ -1,13 +1,17 @@
 """Egress filtering: the allowlist proxy and its host matching.
 
-:mod:`agentnest.egress.proxy` is a stdlib-only program that the Docker
-backend runs in a container next to each allowlisted sandbox (see
-docs/egress.md); its matching functions are re-exported here for the host.
+A stdlib-only program that the backends run next to each allowlisted
+sandbox (see docs/egress.md), split by concern: :mod:`.rules` (what is
+admitted; pure, and the only part the host needs, re-exported here),
+:mod:`.hello` (the TLS ClientHello) and :mod:`.head` (HTTP request heads),
+both pure parsers, and :mod:`.proxy` (the server and its ``main``).  The
+package imports nothing else of agentnest: it ships into the proxy's
+container as files (see :mod:`agentnest.runtime.egresslog`).
 """
 
 from __future__ import annotations
 
-from .proxy import EVENT_ALLOWED, EVENT_DENIED, REASONS, Rules, check_pattern, match_host, normalize_host
+from .rules import EVENT_ALLOWED, EVENT_DENIED, REASONS, Rules, check_pattern, match_host, normalize_host
 
 __all__ = [
     "EVENT_ALLOWED",

@@ -1,9 +1,15 @@
 """AgentNest's egress proxy: the only way out of an allowlisted sandbox.
 
-Stdlib only and Python 3.8 compatible: the Docker backend ships this file as
-source into a hardened container from the base image (see
-:mod:`agentnest.runtime.docker.egress`), and the unit tests run it in-process.
-It imports nothing outside the standard library.
+The shell that applies the decisions of the pure modules beside it: the
+allowlist (:mod:`.rules`), the TLS ClientHello (:mod:`.hello`) and the HTTP
+request head (:mod:`.head`).  This module owns the sockets, the timeouts and
+the connection limit (asyncio: one task per client connection), the events
+on stdout, the deadline, and :func:`main`.
+
+Stdlib only and Python 3.8 compatible: the backends ship this package as
+source into a hardened container (Docker) or Pod (Kubernetes) from the base
+image (see :mod:`agentnest.runtime.egresslog`), and the unit tests run it
+in-process.  It imports nothing outside the standard library and its package.
 
 What it serves:
 
@@ -33,9 +39,10 @@ stdout: ``type`` (``egress.allowed`` / ``egress.denied``), ``host``,
 ``detail``, ``method``, ``bytes_up``, ``bytes_down``, ``duration``, ``time``.
 An allowed connection's line comes when it closes, with its byte counts.
 
-Run as a program::
+Run as a program (the backends run it from the shipped bundle instead, with
+:func:`agentnest.runtime.egresslog.proxy_command`)::
 
-    python3 proxy.py '{"listen": ["198.18.0.2", 3128], "domains": ["*.example.com"], ...}'
+    python3 -m agentnest.egress.proxy '{"listen": ["198.18.0.2", 3128], "domains": ["*.example.com"], ...}'
 
 It prints ``{"type": "proxy.ready", ...}`` once it listens and exits at
 ``deadline`` (epoch seconds), if given.
@@ -49,312 +56,63 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
-import re
 import signal
 import socket
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
-IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
-IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
-
-EVENT_ALLOWED = "egress.allowed"
-EVENT_DENIED = "egress.denied"
-EVENT_READY = "proxy.ready"
-
-#: Every ``reason`` an event can carry, and what it means.
-REASONS: Dict[str, str] = {
-    "allowed": "the connection was made and has ended",
-    "port_not_allowed": "the destination port is not in the allowed ports",
-    "domain_not_allowed": "the host name matches no allowlist entry",
-    "ip_not_allowed": "an address literal neither listed in domains nor inside an allowed cidr",
-    "address_refused": "the name resolved only to private/loopback/link-local/reserved addresses",
-    "bad_host": "the host is not a valid host name or address",
-    "resolve_failed": "the name did not resolve",
-    "connect_failed": "the allowed destination did not accept the connection",
-    "bad_request": "the request line or headers are malformed",
-    "header_too_large": "the request head exceeded the size limit",
-    "header_timeout": "the request head did not arrive in time (slow client)",
-    "method_not_allowed": "only CONNECT and absolute-form plain HTTP are served",
-    "host_mismatch": "the Host header disagrees with the request target",
-    "no_client_hello": "no TLS ClientHello arrived through the tunnel in time",
-    "bad_client_hello": "the tunnel's first bytes are not a well-formed TLS ClientHello",
-    "sni_missing": "the ClientHello names no server (SNI) for a named CONNECT host",
-    "sni_mismatch": "the ClientHello's SNI disagrees with the CONNECT host",
-    "too_many_connections": "the proxy's connection limit was reached",
-    "client_not_allowed": "the client is not on the sandbox's network",
-    "proxy_closed": "the proxy shut down (its deadline) before deciding",
-}
-
-# The same label rule as agentnest.policy (host names per RFC 1123, lower case).
-_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_REQUEST_LINE = re.compile(rb"^([A-Z]{1,16}) ([\x21-\x7e]{1,8192}) HTTP/1\.([01])$")
-_PORT = re.compile(r"^[0-9]{1,5}$")
-_CHUNK_SIZE = re.compile(rb"^([0-9a-fA-F]{1,16})(;[\x20-\x7e\t]*)?$")
-#: Headers that describe one hop and are not forwarded upstream.
-_HOP_BY_HOP = frozenset(
-    [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authorization",
-        "proxy-authenticate",
-        "te",
-        "trailer",
-        "upgrade",
-    ]
+from .head import (
+    Request,
+    RequestError,
+    body_framing,
+    chunk_size,
+    origin_form,
+    parse_head,
+    refusal,
+    split_authority,
+    upstream_head,
 )
-#: Address ranges that embed another (IPv4) address or translate to one:
-#: refused like private ranges, since the embedded address is not checked.
-_TRANSLATED = (
-    ipaddress.ip_network("64:ff9b::/96"),  # NAT64
-    ipaddress.ip_network("64:ff9b:1::/48"),  # local-use NAT64
-    ipaddress.ip_network("2002::/16"),  # 6to4
-    ipaddress.ip_network("2001::/32"),  # Teredo
+from .hello import ClientHelloReader, HelloError, parse_client_hello
+from .rules import (
+    EVENT_ALLOWED,
+    EVENT_DENIED,
+    EVENT_READY,
+    REASONS,
+    IPAddress,
+    Rules,
+    address_category,
+    check_pattern,
+    match_host,
+    normalize_host,
+    parse_ip,
 )
 
-
-# -- host names and patterns ---------------------------------------------------
-
-
-def normalize_host(name: str) -> Optional[str]:
-    """``name`` in lower case without a trailing dot, or None if it is no host name."""
-    if not isinstance(name, str) or not name.isascii() or len(name) > 254:
-        return None
-    host = name.lower()
-    if host.endswith("."):
-        host = host[:-1]
-    labels = host.split(".")
-    if not host or len(host) > 253 or not all(_LABEL.match(label) for label in labels):
-        return None
-    return host
-
-
-def check_pattern(pattern: str) -> str:
-    """Validate an allowlist entry; return it normalised.
-
-    An entry is a host name (``pypi.org``), a ``*.suffix`` pattern
-    (``*.example.com``), or an IP address literal (``10.20.30.40``, ``::1``,
-    ``[::1]``), which comes back in its canonical form (``::1``).
-
-    Raises:
-        ValueError: not a host name, pattern or address; too broad (``*``,
-            ``*.com``); an address that is no destination (``0.0.0.0``,
-            multicast); or a name that only looks like an address (``10.1.2``).
-    """
-    if not isinstance(pattern, str):
-        raise ValueError("allowlist domain %r must be a string" % (pattern,))
-    p = pattern.strip().lower()
-    if p.endswith("."):
-        p = p[:-1]
-    literal = _pattern_literal(p)
-    if literal is not None:
-        reached = unmapped(literal)
-        if reached.is_unspecified or reached.is_multicast:
-            # 0.0.0.0 and :: mean "this host" to connect(), multicast is no TCP
-            # peer: neither names a server, so listing one is a mistake.
-            raise ValueError(
-                "allowlist address %r is %s, not a server's address"
-                % (pattern, "unspecified" if reached.is_unspecified else "multicast")
-            )
-        return str(literal)
-    wildcard = p.startswith("*.")
-    host = p[2:] if wildcard else p
-    if normalize_host(host) is None:
-        raise ValueError(
-            "allowlist domain %r is not a host name, '*.suffix' pattern or IP address" % (pattern,)
-        )
-    if host.rsplit(".", 1)[-1].isdigit():
-        # No top-level domain is all digits; resolvers read '10.1.2' or
-        # '2130706433' as an IPv4 address in a legacy notation.
-        raise ValueError(
-            "allowlist domain %r is neither a host name nor an IP address; write an IPv4 address "
-            "as four decimal numbers, like '10.20.30.40'" % (pattern,)
-        )
-    if wildcard and len(host.split(".")) < 2:
-        # '*' or '*.com' would admit a whole top-level domain.
-        raise ValueError(
-            "allowlist pattern %r is too broad; name at least two labels, like '*.example.com'" % (pattern,)
-        )
-    return p
-
-
-def _pattern_literal(text: str) -> Optional[IPAddress]:
-    """The address an allowlist entry names, or None if it is no address literal.
-
-    Stricter than :func:`parse_ip`: brackets only around IPv6, no zone (``%eth0``).
-    """
-    bracketed = text.startswith("[") and text.endswith("]")
-    if bracketed:
-        text = text[1:-1]
-    if "%" in text:
-        return None  # a zone names an interface of the proxy's host, not a destination
-    try:
-        ip = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    if bracketed and ip.version != 6:
-        return None
-    return ip
-
-
-def match_host(host: str, patterns: Sequence[str], subdomains: bool = True) -> bool:
-    """Whether normalised host name ``host`` matches an allowlist entry.
-
-    A ``*.suffix`` entry matches the names strictly below the suffix.  A name
-    entry matches itself and, with ``subdomains``, every name below it
-    (``pypi.org`` matches ``files.pypi.org``, never ``notpypi.org``), except a
-    one-label name (``localhost``, ``com``), which matches only itself: below
-    it would be a whole top-level domain.  An address entry matches no name.
-    """
-    for pattern in patterns:
-        if pattern.startswith("*."):
-            if host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
-                return True
-            continue
-        if host == pattern:
-            return True
-        # '10.0.0.1' must not admit the name 'x.10.0.0.1'.
-        below = subdomains and "." in pattern and parse_ip(pattern) is None
-        if below and host.endswith("." + pattern):
-            return True
-    return False
-
-
-def parse_ip(text: str) -> Optional[IPAddress]:
-    """An address literal (``[v6]`` brackets allowed), or None."""
-    if text.startswith("[") and text.endswith("]"):
-        text = text[1:-1]
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
-
-
-def unmapped(ip: IPAddress) -> IPAddress:
-    """``ip``, or the IPv4 address an IPv4-mapped IPv6 address (``::ffff:a.b.c.d``) reaches."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    return ip
-
-
-def address_category(ip: IPAddress) -> Optional[str]:
-    """Why ``ip`` is not a public unicast address (``"private"``...), or None if it is."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        # ::ffff:10.0.0.1 reaches 10.0.0.1: judge the IPv4 address.
-        return address_category(ip.ipv4_mapped)
-    if ip.is_unspecified:
-        return "unspecified"
-    if ip.is_loopback:
-        return "loopback"
-    if ip.is_link_local:
-        return "link-local"  # 169.254.169.254 and other metadata endpoints
-    if ip.is_multicast:
-        return "multicast"
-    if ip.is_reserved:
-        return "reserved"
-    if isinstance(ip, ipaddress.IPv6Address) and any(ip in net for net in _TRANSLATED):
-        return "translated"
-    if ip.is_private:
-        return "private"  # includes fd00:ec2::254 (ULA) and documentation ranges
-    if not ip.is_global:
-        return "not-global"  # e.g. 100.64.0.0/10 (shared address space, 100.100.100.200)
-    return None
-
-
-class Rules:
-    """What the proxy admits: domains, address ranges, ports, and the name mapping.
-
-    Args:
-        domains: host names, ``*.suffix`` patterns and IP address literals
-            (see :func:`check_pattern`).  A listed address is admitted as a
-            destination literal, whatever its range; a name that resolves
-            to it is not (the address check below still applies).
-        cidrs: ranges admitted even though private or reserved; an address
-            literal as destination must be listed or in one of them.
-        ports: allowed destination ports.
-        hosts: name -> address(es) that replace DNS for those names (tests,
-            air-gapped setups).  A mapped address still goes through the
-            address check.
-        subdomains: a listed name also admits the names below it (see
-            :func:`match_host`); ``False`` admits exactly the listed names.
-
-    Raises:
-        ValueError: an entry is invalid.
-    """
-
-    def __init__(
-        self,
-        domains: Sequence[str] = (),
-        cidrs: Sequence[str] = (),
-        ports: Sequence[int] = (80, 443),
-        hosts: Optional[Dict[str, Union[str, Sequence[str]]]] = None,
-        subdomains: bool = True,
-    ) -> None:
-        if not isinstance(subdomains, bool):
-            raise ValueError("subdomains must be true or false, not %r" % (subdomains,))
-        self.subdomains = subdomains
-        names: List[str] = []
-        literals: List[IPAddress] = []
-        for entry in domains:
-            pattern = check_pattern(entry)
-            literal = parse_ip(pattern)
-            if literal is None:
-                names.append(pattern)
-            else:
-                literals.append(unmapped(literal))
-        # Names and '*.suffix' patterns; addresses apart (IPv4-mapped ones as
-        # the IPv4 address they reach), so that no name can match an address.
-        self.domains = tuple(names)
-        self.addresses: Tuple[IPAddress, ...] = tuple(literals)
-        self.cidrs: Tuple[IPNetwork, ...] = tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
-        checked_ports = []
-        for port in ports:
-            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-                raise ValueError("port %r is not a TCP port (1-65535)" % (port,))
-            checked_ports.append(port)
-        self.ports = frozenset(checked_ports)
-        self.hosts: Dict[str, Tuple[IPAddress, ...]] = {}
-        for name, value in (hosts or {}).items():
-            host = normalize_host(name)
-            if host is None:
-                raise ValueError("hosts mapping: %r is not a host name" % (name,))
-            values = [value] if isinstance(value, str) else list(value)
-            addresses = tuple(parse_ip(v) if isinstance(v, str) else None for v in values)
-            if not addresses or any(a is None for a in addresses):
-                raise ValueError("hosts mapping: %r must map to IP addresses, not %r" % (name, value))
-            self.hosts[host] = tuple(a for a in addresses if a is not None)
-
-    def in_cidrs(self, ip: IPAddress) -> bool:
-        ip = unmapped(ip)
-        return any(ip.version == net.version and ip in net for net in self.cidrs)
-
-    def listed(self, ip: IPAddress) -> bool:
-        """Whether address literal ``ip`` is itself an allowlist entry."""
-        return unmapped(ip) in self.addresses
-
-    def admits_name(self, host: str) -> bool:
-        """Whether normalised host name ``host`` matches a name entry."""
-        return match_host(host, self.domains, self.subdomains)
-
-    def refusal(self, ip: IPAddress) -> Optional[str]:
-        """Why connecting to resolved address ``ip`` is refused, or None."""
-        if self.in_cidrs(ip):
-            return None
-        category = address_category(ip)
-        return None if category is None else "%s is %s" % (ip, category)
-
-    @classmethod
-    def from_config(cls, config: Dict[str, Any]) -> Rules:
-        return cls(
-            config.get("domains") or (),
-            config.get("cidrs") or (),
-            config.get("ports") or (80, 443),
-            config.get("hosts") or None,
-            subdomains=config.get("subdomains", True),
-        )
+# The proxy, and (for the import paths that predate the split) what it applies from the pure modules.
+__all__ = [
+    "EVENT_ALLOWED",
+    "EVENT_DENIED",
+    "EVENT_READY",
+    "REASONS",
+    "HelloError",
+    "IPAddress",
+    "Limits",
+    "Proxy",
+    "Request",
+    "RequestError",
+    "Rules",
+    "address_category",
+    "check_pattern",
+    "main",
+    "match_host",
+    "normalize_host",
+    "parse_client_hello",
+    "parse_head",
+    "parse_ip",
+    "read_client_hello",
+    "read_deadline",
+    "split_authority",
+]
 
 
 class Limits:
@@ -397,220 +155,20 @@ class Limits:
 # -- TLS ClientHello -----------------------------------------------------------
 
 
-class HelloError(Exception):
-    """The bytes are not a well-formed ClientHello; the message says where."""
-
-
-def parse_client_hello(body: bytes) -> Optional[str]:
-    """The SNI host name of a ClientHello handshake body, or None if it has none.
-
-    Strict: every length must fit exactly, an extension may appear once,
-    the server_name list must hold exactly one ``host_name`` that is a
-    valid host name.
-
-    Raises:
-        HelloError: malformed.
-    """
-    view = memoryview(body)
-    pos = 0
-
-    def take(n: int) -> memoryview:
-        nonlocal pos
-        if n < 0 or pos + n > len(view):
-            raise HelloError("truncated ClientHello")
-        piece = view[pos : pos + n]
-        pos += n
-        return piece
-
-    def u8() -> int:
-        return take(1)[0]
-
-    def u16() -> int:
-        b = take(2)
-        return (b[0] << 8) | b[1]
-
-    major = u8()
-    u8()  # legacy minor version
-    if major != 3:
-        raise HelloError("ClientHello version is not TLS")
-    take(32)  # random
-    session_len = u8()
-    if session_len > 32:
-        raise HelloError("session id longer than 32 bytes")
-    take(session_len)
-    suites = u16()
-    if suites < 2 or suites % 2:
-        raise HelloError("bad cipher suite list")
-    take(suites)
-    compressions = u8()
-    if compressions < 1:
-        raise HelloError("empty compression list")
-    take(compressions)
-    if pos == len(view):
-        return None  # no extensions at all
-    ext_total = u16()
-    if pos + ext_total != len(view):
-        raise HelloError("extension block length does not match the message")
-    seen = set()
-    sni: Optional[str] = None
-    while pos < len(view):
-        ext_type = u16()
-        ext_len = u16()
-        data = take(ext_len)
-        if ext_type in seen:
-            raise HelloError("duplicate extension %d" % ext_type)
-        seen.add(ext_type)
-        if ext_type != 0:
-            continue
-        if ext_len < 2 or ((data[0] << 8) | data[1]) != ext_len - 2:
-            raise HelloError("bad server_name list length")
-        i = 2
-        names = []
-        while i < ext_len:
-            if i + 3 > ext_len:
-                raise HelloError("truncated server_name entry")
-            name_type = data[i]
-            name_len = (data[i + 1] << 8) | data[i + 2]
-            i += 3
-            if i + name_len > ext_len:
-                raise HelloError("truncated server name")
-            raw = bytes(data[i : i + name_len])
-            i += name_len
-            if name_type == 0:
-                names.append(raw)
-        if len(names) != 1:
-            raise HelloError("server_name must hold exactly one host name")
-        try:
-            text = names[0].decode("ascii")
-        except UnicodeDecodeError:
-            raise HelloError("server name is not ASCII") from None
-        host = normalize_host(text)
-        if host is None or parse_ip(text) is not None:
-            raise HelloError("server name %r is not a host name" % text[:80])
-        sni = host
-    return sni
-
-
 async def read_client_hello(reader: asyncio.StreamReader, max_bytes: int) -> Tuple[Optional[str], bytes]:
     """Read one ClientHello (possibly over several TLS records); return (SNI, raw bytes).
+
+    :class:`.hello.ClientHelloReader` decides; this only reads what it asks for.
 
     Raises:
         HelloError: not TLS, malformed, or larger than ``max_bytes``.
         asyncio.IncompleteReadError: the client closed first.
     """
-    raw = bytearray()
-    handshake = bytearray()
+    hello = ClientHelloReader(max_bytes)
     while True:
-        header = await reader.readexactly(5)
-        raw += header
-        if header[0] != 0x16:
-            raise HelloError("the first bytes through the tunnel are not a TLS handshake record")
-        if header[1] != 3:
-            raise HelloError("record version is not TLS")
-        length = (header[3] << 8) | header[4]
-        if length == 0 or length > 16384 + 256:
-            raise HelloError("bad TLS record length %d" % length)
-        if len(raw) + length > max_bytes:
-            raise HelloError("ClientHello larger than %d bytes" % max_bytes)
-        fragment = await reader.readexactly(length)
-        raw += fragment
-        handshake += fragment
-        if len(handshake) >= 4:
-            if handshake[0] != 1:
-                raise HelloError("the first handshake message is not a ClientHello")
-            size = (handshake[1] << 16) | (handshake[2] << 8) | handshake[3]
-            if 4 + size > max_bytes:
-                raise HelloError("ClientHello larger than %d bytes" % max_bytes)
-            if len(handshake) >= 4 + size:
-                if len(handshake) != 4 + size:
-                    raise HelloError("data after the ClientHello in its records")
-                return parse_client_hello(bytes(handshake[4:])), bytes(raw)
-
-
-# -- HTTP heads ----------------------------------------------------------------
-
-
-class RequestError(Exception):
-    """A refused request: ``reason`` is a key of :data:`REASONS`, ``status`` the HTTP reply."""
-
-    def __init__(self, reason: str, detail: str, status: int = 400) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-        self.status = status
-
-
-class Request:
-    """A parsed request head."""
-
-    def __init__(self, method: str, target: str, minor: int, headers: List[Tuple[str, str]]) -> None:
-        self.method = method
-        self.target = target
-        self.minor = minor
-        self.headers = headers
-
-    def values(self, name: str) -> List[str]:
-        return [v for k, v in self.headers if k.lower() == name]
-
-
-def parse_head(head: bytes, max_headers: int) -> Request:
-    """Parse a request head (request line and headers, CRLF line ends, no final blank line).
-
-    Raises:
-        RequestError: malformed.
-    """
-    lines = head.split(b"\r\n")
-    match = _REQUEST_LINE.match(lines[0])
-    if match is None:
-        raise RequestError("bad_request", "malformed request line %r" % lines[0][:100])
-    headers: List[Tuple[str, str]] = []
-    if len(lines) - 1 > max_headers:
-        raise RequestError("header_too_large", "more than %d headers" % max_headers, 431)
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        # No obsolete line folding, no whitespace before the colon, no
-        # control characters: parsers that disagree here are how requests
-        # get smuggled past a proxy.
-        if not sep or not _TOKEN.match(name):
-            raise RequestError("bad_request", "malformed header line %r" % line[:100])
-        value = value.strip(b" \t")
-        if any((c < 0x20 and c != 0x09) or c == 0x7F for c in value):
-            raise RequestError("bad_request", "control character in header %r" % name[:60])
-        headers.append((name.decode("ascii"), value.decode("latin-1")))
-    return Request(
-        match.group(1).decode("ascii"), match.group(2).decode("ascii"), int(match.group(3)), headers
-    )
-
-
-def split_authority(authority: str, default_port: Optional[int]) -> Tuple[str, int]:
-    """``host:port`` (or ``[v6]:port``) -> (host, port).
-
-    Raises:
-        RequestError: malformed, or no port where one is required.
-    """
-    if "@" in authority:
-        raise RequestError("bad_request", "user information in the request target is refused")
-    if authority.startswith("["):
-        end = authority.find("]")
-        if end < 0:
-            raise RequestError("bad_host", "unterminated IPv6 literal")
-        host, rest = authority[: end + 1], authority[end + 1 :]
-        if rest and not rest.startswith(":"):
-            raise RequestError("bad_host", "garbage after IPv6 literal")
-        port_text = rest[1:] if rest else ""
-        has_port = bool(rest)
-    else:
-        host, sep, port_text = authority.rpartition(":")
-        has_port = bool(sep)
-        if not sep:
-            host = authority
-    if not has_port:
-        if default_port is None:
-            raise RequestError("bad_request", "CONNECT target %r has no port" % authority[:100])
-        return host, default_port
-    if not _PORT.match(port_text) or not 1 <= int(port_text) <= 65535:
-        raise RequestError("bad_request", "bad port in %r" % authority[:100])
-    return host, int(port_text)
+        result = hello.feed(await reader.readexactly(hello.need))
+        if result is not None:
+            return result
 
 
 # -- the proxy -----------------------------------------------------------------
@@ -901,38 +459,16 @@ class Proxy:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: _Conn, request: Request
     ) -> None:
         try:
-            rest = request.target[len("http://") :]
-            slash = min(
-                [i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0] or [len(rest)]
-            )
-            authority, path = rest[:slash], rest[slash:]
-            if not authority:
-                raise RequestError("bad_request", "request target without a host")
-            path = path.split("#", 1)[0]
-            if not path.startswith("/"):
-                path = "/" + path
-            host, port = split_authority(authority, 80)
-            hosts = request.values("host")
-            if len(hosts) != 1:
-                raise RequestError("host_mismatch", "expected exactly one Host header, got %d" % len(hosts))
-            h_host, h_port = split_authority(hosts[0], 80)
-            if h_port != port or h_host.lower().rstrip(".") != host.lower().rstrip("."):
-                conn.host, conn.port = host, port
-                raise RequestError("host_mismatch", "Host %r, target %r" % (hosts[0][:100], authority[:100]))
-            body = self._body_framing(request)
+            host, port, path = origin_form(request)
+            body = body_framing(request)
             ip = await self._decide(conn, host, port)
             up_reader, up_writer = await self._open(conn, ip, port)
         except RequestError as exc:
+            if exc.host:  # a Host header that disagrees: the event names the target
+                conn.host, conn.port = exc.host, exc.port
             await self._refuse(writer, conn, exc)
             return
-        lines = ["%s %s HTTP/1.1" % (request.method, path)]
-        for name, value in request.headers:
-            if name.lower() not in _HOP_BY_HOP:
-                lines.append("%s: %s" % (name, value))
-        # One request per connection: a pipelined second request (perhaps
-        # with another Host) is never read, let alone forwarded.
-        lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        head = upstream_head(request, path)
         try:
             up_writer.write(head)
             conn.bytes_up += len(head)
@@ -940,27 +476,6 @@ class Proxy:
         finally:
             up_writer.close()
         self._finish(conn)
-
-    @staticmethod
-    def _body_framing(request: Request) -> Union[int, str]:
-        """Content length, or ``"chunked"``.
-
-        Raises:
-            RequestError: ambiguous framing (a request-smuggling vector).
-        """
-        lengths = request.values("content-length")
-        encodings = request.values("transfer-encoding")
-        if lengths and encodings:
-            raise RequestError("bad_request", "both Content-Length and Transfer-Encoding")
-        if encodings:
-            if len(encodings) != 1 or encodings[0].strip().lower() != "chunked":
-                raise RequestError("bad_request", "unsupported Transfer-Encoding %r" % encodings[:2])
-            return "chunked"
-        if lengths:
-            if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 15:
-                raise RequestError("bad_request", "bad Content-Length %r" % lengths[:2])
-            return int(lengths[0])
-        return 0
 
     async def _relay(
         self,
@@ -998,10 +513,7 @@ class Proxy:
             elif request_body == "chunked":
                 while True:
                     line = await asyncio.wait_for(reader.readuntil(b"\r\n"), self.limits.idle_timeout)
-                    match = _CHUNK_SIZE.match(line[:-2])
-                    if match is None:
-                        raise RequestError("bad_request", "malformed chunk size line")
-                    size = int(match.group(1), 16)
+                    size = chunk_size(line[:-2])
                     data = line + (await reader.readexactly(size + 2) if size else b"")
                     if size and not data.endswith(b"\r\n"):
                         raise RequestError("bad_request", "chunk not followed by CRLF")
@@ -1065,19 +577,7 @@ class Proxy:
 
     async def _refuse(self, writer: asyncio.StreamWriter, conn: _Conn, exc: RequestError) -> None:
         self._deny(conn, exc.reason, exc.detail)
-        body = (
-            "agentnest egress proxy refused this connection: %s (%s)\n" % (exc.reason, exc.detail)
-        ).encode("utf-8", "replace")
-        phrase = {400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed", 408: "Request Timeout"}
-        phrase.update(
-            {431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable"}
-        )
-        writer.write(
-            b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
-            b"X-AgentNest-Egress: denied; reason=%s\r\nConnection: close\r\n\r\n"
-            % (exc.status, phrase.get(exc.status, "Refused").encode(), len(body), exc.reason.encode())
-            + body
-        )
+        writer.write(refusal(exc))
         try:
             await asyncio.wait_for(writer.drain(), 5.0)
         except (OSError, asyncio.TimeoutError):

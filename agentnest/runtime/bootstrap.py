@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
 
@@ -51,28 +52,45 @@ PODINFO_DEADLINE = "/etc/agentnest/podinfo/deadline"
 #: Open files per process in a sandbox (RLIMIT_NOFILE, hard and soft).
 NOFILE = 4096
 
-BOOTSTRAP = (
+#: The one loader of every program shipped as a bundle (:func:`pack`): the
+#: agent (:data:`BOOTSTRAP`) and the egress proxy (:func:`program_command`).
+#: ``unpack(PKG, blob, lazy)`` defines the package ``PKG`` and its modules in
+#: memory, in the bundle's order, except those in ``lazy``; it returns the
+#: package, ``define(name, source)`` for the lazy ones, and the bundle's
+#: ``[name, source]`` pairs.  Stdlib only, Python 3.8 compatible.
+UNPACK = r"""
+import sys
+def unpack(package, bundle, lazy=()):
+    import json, types, zlib
+    modules = json.loads(zlib.decompress(bundle))
+    top = types.ModuleType(package)
+    top.__path__ = []
+    top.__package__ = package
+    sys.modules[package] = top
+    def define(module, source):
+        new = types.ModuleType(package + "." + module)
+        new.__package__ = package
+        new.__file__ = "<%s/%s.py>" % (package.replace("_", "-"), module)
+        sys.modules[new.__name__] = new
+        setattr(top, module, new)
+        exec(compile(source, new.__file__, "exec"), new.__dict__)
+        return new
+    for module, source in modules:
+        if module not in lazy:
+            define(module, source)
+    return top, define, modules
+"""
+
+BOOTSTRAP = UNPACK + (
     r"""
 import os, sys
 LAZY = ("interpreter",)  # compiled by the agent on first use
 def load(blob=None):
-    import json, types, zlib
     if blob is None:
         b = sys.stdin.buffer
         n = int(b.readline())
         blob = b.read(n)
-    mods = json.loads(zlib.decompress(blob))
-    pkg = types.ModuleType("%(pkg)s"); pkg.__path__ = []; pkg.__package__ = "%(pkg)s"
-    sys.modules["%(pkg)s"] = pkg
-    def define(name, src):
-        m = types.ModuleType("%(pkg)s." + name); m.__package__ = "%(pkg)s"
-        m.__file__ = "<agentnest-agent/" + name + ".py>"
-        sys.modules[m.__name__] = m; setattr(pkg, name, m)
-        exec(compile(src, m.__file__, "exec"), m.__dict__)
-        return m
-    for name, src in mods:
-        if name not in LAZY:
-            define(name, src)
+    pkg, define, mods = unpack("%(pkg)s", blob, LAZY)
     # Python sessions start from these (there are no files); keep only what
     # they need, an idle sandbox's memory is counted.
     pkg.sources = dict((k, v) for k, v in mods if k in ("wire", "interpreter"))
@@ -207,12 +225,41 @@ else:
 )
 
 
+def pack(package: str, modules: Sequence[str]) -> bytes:
+    """A bundle: ``agentnest/<package>/<name>.py`` of each of ``modules`` (in load order), compressed.
+
+    What :data:`UNPACK` loads.  A module's relative imports must come
+    earlier in ``modules``; the package imports nothing outside itself.
+    """
+    pkg = resources.files(f"agentnest.{package}")
+    mods = [(name, (pkg / f"{name}.py").read_text("utf-8")) for name in modules]
+    return zlib.compress(json.dumps(mods).encode("utf-8"), 6)
+
+
+#: ``python -S -c RUN PKG MODULE BUNDLE ARGS...``: unpack the base64 bundle
+#: as package PKG, then ``sys.exit(PKG.MODULE.main(ARGS))``.
+RUN = UNPACK + (
+    "import base64\n"
+    "pkg = unpack(sys.argv[1], base64.b64decode(sys.argv[3]))[0]\n"
+    "sys.exit(getattr(pkg, sys.argv[2]).main(sys.argv[4:]))\n"
+)
+
+
+def program_command(python: str, package: str, blob: str, module: str, *args: str) -> list[str]:
+    """The argv that runs ``main(args)`` of ``agentnest/<package>/<module>.py`` from a bundle.
+
+    ``blob`` is :func:`pack`'s bundle of the package, base64-encoded: it
+    travels in the argv, so nothing is written to the container's filesystem
+    (its root stays read-only) and nothing in the image can replace it.  The
+    package is loaded as ``agentnest_<package>``.
+    """
+    return [python, "-S", "-c", RUN, f"agentnest_{package}", module, blob, *args]
+
+
 @lru_cache(maxsize=1)
 def bundle() -> bytes:
     """The agent's sources, compressed and length-prefixed, ready to send."""
-    pkg = resources.files("agentnest.agent")
-    mods = [(name, (pkg / f"{name}.py").read_text("utf-8")) for name in AGENT_MODULES]
-    blob = zlib.compress(json.dumps(mods).encode("utf-8"), 6)
+    blob = pack("agent", AGENT_MODULES)
     return b"%d\n" % len(blob) + blob
 
 

@@ -1,8 +1,9 @@
 """The egress proxy's program and its event log, shared by every backend that runs the proxy.
 
-The proxy (:mod:`agentnest.egress.proxy`) runs as its own container (Docker)
-or Pod (Kubernetes) from source shipped in its command line
-(:func:`proxy_command`); it writes one JSON event per connection on stdout.
+The proxy (:mod:`agentnest.egress`) runs as its own container (Docker) or
+Pod (Kubernetes) from its sources shipped in its command line as a bundle,
+loaded by the same loader as the agent (:func:`proxy_command`); it writes one
+JSON event per connection on stdout.
 :class:`EgressLog` takes those lines, as untrusted input, and keeps the
 validated events for ``Sandbox.network_log()`` and subscribers.  How the
 lines travel differs: an attach stream on Docker (``docker/egress.py``), the
@@ -18,43 +19,40 @@ import ipaddress
 import json
 import math
 import threading
-import zlib
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
-from ..egress.proxy import EVENT_ALLOWED, EVENT_DENIED, EVENT_READY, REASONS
+from ..egress.rules import EVENT_ALLOWED, EVENT_DENIED, EVENT_READY, REASONS
+from .bootstrap import pack, program_command
 
-__all__ = ["LOG_SIZE", "MAX_LINE", "EgressLog", "proxy_command", "proxy_source_blob"]
+__all__ = ["LOG_SIZE", "MAX_LINE", "PROXY_MODULES", "EgressLog", "proxy_command", "proxy_source_blob"]
 
 #: Events kept per sandbox for :meth:`EgressLog.log` (the oldest are dropped).
 LOG_SIZE = 1000
 #: Longest event line read from the proxy; a longer one is dropped.
 MAX_LINE = 16 * 1024
 
-_LOADER = (
-    "import sys,types,zlib,base64\n"
-    "m=types.ModuleType('agentnest_egress_proxy');sys.modules[m.__name__]=m\n"
-    "exec(compile(zlib.decompress(base64.b64decode(sys.argv[1])),'<agentnest-egress-proxy>','exec'),m.__dict__)\n"
-    "sys.exit(m.main(sys.argv[2:]))\n"
-)
+#: The proxy's modules, in load order (a module's relative imports come first).
+PROXY_MODULES = ("rules", "hello", "head", "proxy")
 
 
 @lru_cache(maxsize=1)
 def proxy_source_blob() -> str:
-    """The proxy's source, compressed and base64-encoded for its command line."""
-    source = (resources.files("agentnest.egress") / "proxy.py").read_bytes()
-    return base64.b64encode(zlib.compress(source, 9)).decode("ascii")
+    """The proxy's sources (:data:`PROXY_MODULES`), bundled and base64-encoded for its command line."""
+    return base64.b64encode(pack("egress", PROXY_MODULES)).decode("ascii")
 
 
 def proxy_command(python: str, config: Mapping[str, Any]) -> list[str]:
     """The argv that runs the proxy from source with ``config``.
 
-    The source travels in the command line (about 12 KB): nothing is
-    written to the container's filesystem, so its root stays read-only.
+    The sources travel in the command line (about 23 KB), loaded by the
+    agent's loader (:func:`agentnest.runtime.bootstrap.program_command`):
+    nothing is written to the container's filesystem, so its root stays
+    read-only.
     """
-    return [python, "-S", "-c", _LOADER, proxy_source_blob(), json.dumps(config, separators=(",", ":"))]
+    config_json = json.dumps(config, separators=(",", ":"))
+    return program_command(python, "egress", proxy_source_blob(), "proxy", config_json)
 
 
 # -- events ------------------------------------------------------------------------

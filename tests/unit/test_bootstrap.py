@@ -1,8 +1,9 @@
-"""Shipping the agent (runtime/bootstrap.py): the bundle and a standalone start."""
+"""Shipping the agent and the egress proxy (runtime/bootstrap.py): bundles, one loader, standalone starts."""
 
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import os
 import socket
@@ -94,3 +95,40 @@ def test_bootstrap_starts_the_agent_without_agentnest_installed(tmp_path: Path) 
             proc.wait()
         assert proc.stderr is not None
         proc.stderr.close()
+
+
+# -- one loader for every shipped program ------------------------------------------------
+
+
+def test_the_agent_and_the_proxy_share_one_loader() -> None:
+    from agentnest.runtime.egresslog import PROXY_MODULES, proxy_command
+
+    assert bootstrap.BOOTSTRAP.startswith(bootstrap.UNPACK)
+    assert bootstrap.RUN.startswith(bootstrap.UNPACK)
+    argv = proxy_command("python3", {"listen": ["127.0.0.1", 0]})
+    assert argv[:4] == ["python3", "-S", "-c", bootstrap.RUN]
+    assert argv[4:6] == ["agentnest_egress", "proxy"]
+    egress = Path(bootstrap.__file__).resolve().parent.parent / "egress"
+    mods = json.loads(zlib.decompress(base64.b64decode(argv[6])))
+    assert [name for name, _ in mods] == list(PROXY_MODULES)
+    for name, src in mods:
+        assert src == (egress / f"{name}.py").read_text("utf-8")
+    assert json.loads(argv[7]) == {"listen": ["127.0.0.1", 0]}
+
+
+def test_a_bundled_program_runs_without_agentnest_installed(tmp_path: Path) -> None:
+    """``program_command``: the package is defined in memory, its main's return is the exit code."""
+    from agentnest.runtime.egresslog import proxy_source_blob
+
+    argv = bootstrap.program_command(sys.executable, "egress", proxy_source_blob(), "proxy")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stderr) == (2, "usage: proxy.py CONFIG_JSON\n")  # main() without a config
+    extra = subprocess.run([*argv, "{}", "extra"], cwd=tmp_path, env=env, capture_output=True, timeout=30)
+    assert extra.returncode == 2
+    bad = subprocess.run(
+        [*argv, "not json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert bad.returncode == 1
+    # Tracebacks name the shipped file, as the agent's do.
+    assert 'File "<agentnest-egress/proxy.py>"' in bad.stderr

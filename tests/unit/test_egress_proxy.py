@@ -1,4 +1,7 @@
-"""The egress proxy (egress/proxy.py), in-process on loopback against local servers.
+"""The egress proxy (egress/proxy.py), in-process on loopback against local servers, and as shipped.
+
+Its pure parts have their own tests: test_egress_rules.py, test_egress_hello.py,
+test_egress_head.py.
 
 Local HTTP and HTTPS servers on 127.0.0.1 stand in for allowed and refused
 domains; the proxy's ``hosts`` mapping points the test names at them.
@@ -18,7 +21,6 @@ import http.server
 import ipaddress
 import json
 import os
-import random
 import shutil
 import socket
 import ssl
@@ -36,7 +38,8 @@ from typing import Any
 import pytest
 
 from agentnest.egress import proxy as px
-from agentnest.egress.proxy import HelloError, Limits, Proxy, Rules
+from agentnest.egress.proxy import Limits, Proxy, Rules
+from agentnest.runtime.egresslog import PROXY_MODULES, proxy_command
 
 NAMES = ("allowed.test", "api.allowed.test", "refused.test", "other.test", "private.test")
 LOOPBACK = ["127.0.0.0/8"]
@@ -843,176 +846,42 @@ def test_closing_the_proxy_ends_open_connections_with_events(
     assert p.events[-1]["type"] == "egress.denied"
 
 
-# -- pure parts ----------------------------------------------------------------------
+# -- the program, as the backends ship it -------------------------------------------
+
+EGRESS_DIR = Path(px.__file__).resolve().parent
+#: What a pure module of the proxy must never import: it decides, the proxy does the I/O.
+IO_MODULES = {"asyncio", "os", "select", "selectors", "signal", "socket", "ssl", "subprocess", "threading"}
 
 
-@pytest.mark.parametrize(
-    "pattern",
-    [
-        *("*", "*.com", "", "*.", "exa mple.com", "a..b", "-a.com", "*.*.com", 3),
-        *("0.0.0.0", "::", "224.0.0.1", "10.1.2", "2130706433", "[10.0.0.1]", "fe80::1%eth0", "10.0.0.0/8"),
-    ],
-    ids=repr,
-)
-def test_bad_patterns_are_refused(pattern: Any) -> None:
-    with pytest.raises(ValueError):
-        px.check_pattern(pattern)
+def _imports(name: str) -> list[ast.Import | ast.ImportFrom]:
+    tree = ast.parse((EGRESS_DIR / f"{name}.py").read_text("utf-8"), feature_version=(3, 8))
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
-def test_patterns_match_like_the_policy() -> None:
-    from agentnest.policy import NetworkPolicy
-
-    for pattern in ("Example.COM.", "*.files.example", "a-b.c", "10.20.30.40.", "[::1]", "2001:DB8::1"):
-        assert px.check_pattern(pattern) == NetworkPolicy.allowlist([pattern]).domains[0]
-    for bad in ("*.com", "0.0.0.0", "10.1.2"):
-        with pytest.raises(ValueError) as proxy_error:
-            px.check_pattern(bad)
-        with pytest.raises(ValueError) as policy_error:
-            NetworkPolicy.allowlist([bad])
-        assert str(proxy_error.value) == str(policy_error.value)
-    patterns = ["example.com", "*.files.example"]
-    assert px.match_host("example.com", patterns)
-    assert px.match_host("a.b.files.example", patterns)
-    assert not px.match_host("files.example", patterns)
-    assert not px.match_host("evilfiles.example", patterns)
-    assert not px.match_host("example.com.evil", patterns)
-    assert px.match_host("sub.example.com", patterns)  # the default, as in 0.3.0
-    assert not px.match_host("sub.example.com", patterns, subdomains=False)
-    assert px.match_host("a.b.files.example", patterns, subdomains=False)
+@pytest.mark.parametrize("name", PROXY_MODULES)
+def test_the_shipped_modules_run_on_python_3_8_and_import_only_the_stdlib_and_each_other(name: str) -> None:
+    """The proxy runs on the image's Python: no syntax newer than 3.8, nothing outside its package."""
+    for node in _imports(name):  # ast.parse above refuses newer syntax
+        if isinstance(node, ast.ImportFrom) and node.level:
+            assert node.level == 1, "the proxy imports nothing outside egress/"
+            assert node.module in PROXY_MODULES[: PROXY_MODULES.index(name)], (name, node.module)
+            continue
+        modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        for module in modules:
+            assert module.split(".")[0] in set(sys.stdlib_module_names) | {"__future__"}, (name, module)
 
 
-ENTRIES = ["pypi.org", "*.files.example", "localhost", "10.0.0.1", "::1"]
+@pytest.mark.parametrize("name", ["rules", "hello", "head"])
+def test_the_pure_modules_do_no_io(name: str) -> None:
+    for node in _imports(name):
+        modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        for module in modules:
+            assert module.split(".")[0] not in IO_MODULES, (name, module)
 
 
-@pytest.mark.parametrize(
-    ("host", "with_subdomains", "strict"),
-    [
-        ("pypi.org", True, True),
-        ("PyPI.ORG", True, True),
-        ("pypi.org.", True, True),
-        ("files.pypi.org", True, False),
-        ("A.B.PyPI.org.", True, False),
-        ("notpypi.org", False, False),
-        ("pypi-org.com", False, False),
-        ("pypi.org.evil.com", False, False),
-        ("org", False, False),
-        ("x.files.example", True, True),
-        ("a.b.files.example", True, True),
-        ("files.example", False, False),
-        ("localhost", True, True),
-        ("a.localhost", False, False),  # one label: never a whole top-level domain
-        ("10.0.0.1", False, False),  # an address is no name (see listed())
-        ("x.10.0.0.1", False, False),
-    ],
-)
-def test_name_matching(host: str, with_subdomains: bool, strict: bool) -> None:
-    name = px.normalize_host(host)
-    assert name is not None
-    assert Rules(ENTRIES).admits_name(name) is with_subdomains
-    assert Rules(ENTRIES, subdomains=False).admits_name(name) is strict
-
-
-def test_rules_keep_listed_addresses_apart() -> None:
-    rules = Rules(["pypi.org", "10.20.30.40", "[::1]", "::ffff:10.0.0.9"], cidrs=["192.0.2.0/24"])
-    assert rules.domains == ("pypi.org",)
-    ip = ipaddress.ip_address
-    for listed in ("10.20.30.40", "::ffff:10.20.30.40", "::1", "10.0.0.9", "::ffff:a00:9"):
-        assert rules.listed(ip(listed)), listed
-    for other in ("10.20.30.41", "::2", "127.0.0.1", "192.0.2.1"):
-        assert not rules.listed(ip(other)), other
-    # Listing is not a cidr: a name resolving to the address is still refused.
-    assert rules.refusal(ip("10.20.30.40")) == "10.20.30.40 is private"
-    assert rules.refusal(ip("192.0.2.1")) is None
-
-
-def test_rules_from_config_carry_the_matching() -> None:
-    assert Rules.from_config({"domains": ["a.example"]}).subdomains is True
-    strict = Rules.from_config({"domains": ["a.example"], "subdomains": False})
-    assert strict.subdomains is False
-    assert not strict.admits_name("b.a.example")
-    with pytest.raises(ValueError, match="subdomains"):
-        Rules.from_config({"domains": ["a.example"], "subdomains": "false"})
-
-
-def test_rules_validate_their_input() -> None:
-    with pytest.raises(ValueError, match="port"):
-        Rules(["a.example"], ports=[0])
-    with pytest.raises(ValueError, match="hosts mapping"):
-        Rules(["a.example"], hosts={"a.example": "not-an-ip"})
-    with pytest.raises(ValueError, match="hosts mapping"):
-        Rules(["a.example"], hosts={"bad name": "1.2.3.4"})
-    with pytest.raises(ValueError):
-        Limits.from_config({"limits": {"header_timeout": -1}})
-    with pytest.raises(ValueError):
-        Limits.from_config({"limits": {"nonsense": 1}})
-
-
-def _hello(sni: bytes | None, extra: bytes = b"") -> bytes:
-    exts = b""
-    if sni is not None:
-        entry = b"\x00" + len(sni).to_bytes(2, "big") + sni
-        lst = len(entry).to_bytes(2, "big") + entry
-        exts += b"\x00\x00" + len(lst).to_bytes(2, "big") + lst
-    exts += extra
-    head = b"\x03\x03" + b"r" * 32 + b"\x00" + b"\x00\x02\x13\x01" + b"\x01\x00"
-    return head + len(exts).to_bytes(2, "big") + exts
-
-
-def test_client_hello_parser() -> None:
-    assert px.parse_client_hello(_hello(b"Allowed.Test")) == "allowed.test"
-    assert px.parse_client_hello(_hello(None)) is None
-    for bad in (
-        _hello(b"1.2.3.4"),
-        _hello(b"bad name"),
-        _hello(b"a.test", extra=b"\x00\x00\x00\x00"),  # a second server_name extension
-        _hello(b"a.test")[:-1],
-        _hello(b"a.test") + b"x",
-        b"\x02\x00" + _hello(b"a.test")[2:],
-        b"",
-    ):
-        with pytest.raises(HelloError):
-            px.parse_client_hello(bad)
-
-
-def test_client_hello_parser_survives_random_bytes() -> None:
-    rng = random.Random(5)
-    good = _hello(b"allowed.test")
-    for _ in range(3000):
-        data = bytearray(good)
-        for _ in range(rng.randint(1, 4)):
-            data[rng.randrange(len(data))] = rng.randrange(256)
-        with contextlib.suppress(HelloError):
-            result = px.parse_client_hello(bytes(data))
-            assert result is None or px.normalize_host(result) == result
-
-
-def test_address_categories() -> None:
-    cat = px.address_category
-    for text, expected in [
-        ("8.8.8.8", None),
-        ("2606:4700::1111", None),
-        ("169.254.169.254", "link-local"),
-        ("fd00:ec2::254", "private"),
-        ("::ffff:127.0.0.1", "loopback"),
-        ("0.0.0.0", "unspecified"),
-        ("::", "unspecified"),
-        ("ff02::1", "multicast"),
-        ("100.64.0.1", "not-global"),
-    ]:
-        assert cat(ipaddress.ip_address(text)) == expected, text
-
-
-def test_proxy_source_runs_on_python_3_8() -> None:
-    """The proxy runs on the image's Python: no syntax newer than 3.8."""
-    source = Path(px.__file__).read_text("utf-8")
-    ast.parse(source, feature_version=(3, 8))
-    imported = {
-        alias.name.split(".")[0]
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, (ast.Import, ast.ImportFrom))
-        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
-    }
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+def test_the_package_names_every_shipped_module() -> None:
+    shipped = {path.stem for path in EGRESS_DIR.glob("*.py")} - {"__init__"}
+    assert shipped == set(PROXY_MODULES)
 
 
 def _python38() -> str | None:
@@ -1029,7 +898,7 @@ def _python38() -> str | None:
 
 @pytest.mark.parametrize("python", [sys.executable, "python3.8"], ids=["this-python", "python3.8"])
 def test_program_prints_ready_and_stops_at_its_deadline(servers: Servers, python: str) -> None:
-    """The proxy as a program, on this Python and on the oldest it supports (if installed)."""
+    """The proxy as the backends run it, on this Python and on the oldest it supports (if installed)."""
     if python == "python3.8":
         found = _python38()
         if found is None:
@@ -1044,9 +913,8 @@ def test_program_prints_ready_and_stops_at_its_deadline(servers: Servers, python
         "hosts": {"allowed.test": "127.0.0.1"},
         "deadline": time.time() + 3,
     }
-    proc = subprocess.Popen(
-        [python, "-S", px.__file__, json.dumps(config)], stdout=subprocess.PIPE, text=True
-    )
+    # The container's argv: the bundle through the agent's loader, not the files.
+    proc = subprocess.Popen(proxy_command(python, config), stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         ready = json.loads(proc.stdout.readline())
