@@ -34,10 +34,15 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Tuple, Union
 
-_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_REQUEST_LINE = re.compile(rb"^([A-Z]{1,16}) ([\x21-\x7e]{1,8192}) HTTP/1\.([01])$")
-_PORT = re.compile(r"^[0-9]{1,5}$")
-_CHUNK_SIZE = re.compile(rb"^([0-9a-fA-F]{1,16})(;[\x20-\x7e\t]*)?$")
+# Every pattern ends in \Z, never $: '$' also matches before a final newline,
+# and a bare LF that the proxy lets through is where it and the server would
+# disagree on where a line ends.
+_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_REQUEST_LINE = re.compile(rb"^([A-Z]{1,16}) ([\x21-\x7e]{1,8192}) HTTP/1\.([01])\Z")
+_PORT = re.compile(r"^[0-9]{1,5}\Z")
+_CHUNK_SIZE = re.compile(rb"^([0-9a-fA-F]{1,16})(;[\x20-\x7e\t]*)?\Z")
+#: A Content-Length: ASCII digits only (str.isdigit also takes '²', which int() refuses).
+_LENGTH = re.compile(r"^[0-9]{1,15}\Z")
 #: Headers that describe one hop and are not forwarded upstream.
 HOP_BY_HOP = frozenset(
     [
@@ -196,7 +201,7 @@ def body_framing(request: Request) -> Union[int, str]:
             raise RequestError("bad_request", "unsupported Transfer-Encoding %r" % encodings[:2])
         return "chunked"
     if lengths:
-        if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 15:
+        if len(set(lengths)) != 1 or not _LENGTH.match(lengths[0]):
             raise RequestError("bad_request", "bad Content-Length %r" % lengths[:2])
         return int(lengths[0])
     return 0

@@ -65,8 +65,9 @@ REASONS: Dict[str, str] = {
     "proxy_closed": "the proxy shut down (its deadline) before deciding",
 }
 
-# The same label rule as agentnest.policy (host names per RFC 1123, lower case).
-_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# Host name labels per RFC 1123, lower case.  \Z, not $: '$' also matches
+# before a final newline, and 'a\n' is no label.
+_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 #: Address ranges that embed another (IPv4) address or translate to one:
 #: refused like private ranges, since the embedded address is not checked.
 _TRANSLATED = (

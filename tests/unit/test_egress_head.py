@@ -57,6 +57,7 @@ def test_a_request_head_is_parsed() -> None:
         b"CONNECT a.test:443  HTTP/1.1",
         b"CONNECT a.test:443\tHTTP/1.1",
         b"CONNECT a.test:443 http/1.1",
+        b"CONNECT a.test:443 HTTP/1.1\n",  # a bare LF ending the request line
         b"CONNECT a.test:443 HTTP/1.1\nHost: b.test",
         b"CONNECT a\xff.test:443 HTTP/1.1",
         b"CONNECT a\x00.test:443 HTTP/1.1",
@@ -65,6 +66,7 @@ def test_a_request_head_is_parsed() -> None:
         b"\x16\x03\x01\x00\x05hello",
         b"CONNECT a.test:443 HTTP/1.1\r\nBad Header",
         b"CONNECT a.test:443 HTTP/1.1\r\nNo-Colon",
+        b"CONNECT a.test:443 HTTP/1.1\r\nX\n: name ending in a bare LF",
         b"CONNECT a.test:443 HTTP/1.1\r\nSpace : before",
         b"CONNECT a.test:443 HTTP/1.1\r\n: empty name",
         b"CONNECT a.test:443 HTTP/1.1\r\nX: a\r\n folded",
@@ -161,6 +163,8 @@ def test_split_authority(authority: str, default: int | None, expected: tuple[st
         ("[::1]x", "bad_host"),
         ("[::1]443", "bad_host"),
         ("[::1]:", "bad_request"),
+        ("a.test:443\n", "bad_request"),
+        ("[::1]:443\n", "bad_request"),
     ],
 )
 def test_split_authority_refuses(authority: str, reason: str) -> None:
@@ -254,6 +258,8 @@ def test_body_framing(headers: list[tuple[str, str]], expected: int | str) -> No
         [("Content-Length", "0x5")],
         [("Content-Length", "")],
         [("Content-Length", "1000000000000000")],  # 16 digits
+        [("Content-Length", "\xb2")],  # '²': a digit to str.isdigit, not to HTTP (nor to int())
+        [("Content-Length", "5\n")],
     ],
 )
 def test_ambiguous_framing_is_refused(headers: list[tuple[str, str]]) -> None:
@@ -291,6 +297,8 @@ def test_chunk_size(line: bytes, size: int) -> None:
         b"5;\x00",
         b"5;\x7f",
         b"5\r",
+        b"5\n",  # a bare LF: the server could read the chunk's data from another byte
+        b"5;a\n",
         b"\xff",
     ],
 )

@@ -30,7 +30,9 @@ from agentnest.egress.rules import REASONS, Rules, address_category, check_patte
         *(None, b"example.com", ["example.com"], 1.5, True),
         # Names that are no host names.
         *(".", "..", ".example.com", "a_b.com", "ex@mple.com", "exämple.com", "a-.com", "a.-b.com"),
-        *("a" * 64 + ".com", ".".join(["a" * 63] * 4) + ".com", "*.a" * 200, "a\x00.com"),
+        *("a" * 64 + ".com", ".".join(["a" * 63] * 4) + ".com", "*.a" * 200, "a\x00.com", "a\n.com"),
+        # '$' in a pattern matches before a final newline: none may slip through.
+        *("example.com\n.x", "a\n.example.com", "*.a\n.example.com", "10.0.0.1\n.x"),
         # Wildcards anywhere but the front, or too broad.
         *("a.*.com", "*a.example.com", "**.example.com", "*example.com", "*.", "*.*", "*.1.2.3"),
         # Digits where the top-level domain goes: an address in a legacy notation.
@@ -130,6 +132,9 @@ def test_random_patterns_give_a_pattern_or_a_value_error() -> None:
         (".".join(["a" * 63] * 3 + ["a" * 62]), None),  # 254
         (".".join(["a" * 63] * 3 + ["a" * 61]) + ".", ".".join(["a" * 63] * 3 + ["a" * 61])),
         ("a" * 300, None),
+        ("a\n", None),
+        ("a\n.com", None),
+        ("example.com\n", None),
         (None, None),
         (b"example.com", None),
         (7, None),
