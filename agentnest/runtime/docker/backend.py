@@ -1,7 +1,8 @@
 """The Docker backend: runc by default, gVisor (runsc) or Kata by runtime name.
 
 Every sandbox is one container created with these defaults (each is a
-security choice, explained where it is set):
+security choice, explained where it is decided: :mod:`.hardening`, the pure
+builder of the container's create kwargs, which this module applies):
 
 * a non-root UID (65532) and GID, read-only root filesystem, every
   capability dropped, ``no-new-privileges``, AgentNest's seccomp profile;
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...channel.streams import ByteStream, DockerMuxStream
-from ...config import BROWSER_SHM, SandboxConfig
+from ...config import SandboxConfig
 from ...errors import (
     BackendError,
     ImageNotFoundError,
@@ -43,24 +44,18 @@ from ...errors import (
 from ...policy import NetworkMode
 from .. import bootstrap, mounts, storage
 from ..base import Capability, RuntimeBackend, SandboxHandle
-from . import checkpoint, egress, gpus, images, labels, seccomp
+from . import checkpoint, egress, gpus, hardening, images, labels, seccomp
 from .engine import Background, engine_client, map_docker_errors, missing_image_hint, raw_socket
 from .freeze import Freezer
+from .hardening import REATTACH_SOCKET
 from .live import LiveState
 from .spec import DockerSpec
 
 if TYPE_CHECKING:
     import docker
 
-#: Memory gVisor's own kernel (the Sentry) needs beside the workload.
-_GVISOR_OVERHEAD = 48 * 2**20
 #: How long a warm container (create_spare) may wait to become a fork's child.
 SPARE_MAX_AGE = 300.0
-#: The agent's second door (see Agent's linger mode): an abstract unix socket,
-#: which exists only in the sandbox's own network namespace and leaves no file
-#: in the sandbox (its /tmp stays the user's).
-REATTACH_SOCKET = "@agentnest-agent"
-_CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class DockerBackend(RuntimeBackend):
@@ -79,7 +74,9 @@ class DockerBackend(RuntimeBackend):
         # its container), or None.
         self._warm_broken: str | None = None
         self.freezer = Freezer(lambda: self.api)
-        self._live = LiveState(self)
+        self._live = LiveState(
+            self, create=self._create, gvisor=self._is_gvisor(), docker_host=self.spec.docker_host
+        )
 
     # -- engine --------------------------------------------------------------
 
@@ -375,35 +372,9 @@ class DockerBackend(RuntimeBackend):
         return handle
 
     def _check_confinement(self, config: SandboxConfig) -> None:
-        """Refuse, before anything exists, confinement settings this engine cannot honour.
-
-        Fail closed: 0.3.0 passed these to the engine and hoped; a setting
-        that cannot take effect refuses the sandbox here.
-        """
-        options = [str(o) for o in self.engine_info().get("SecurityOptions") or ()]
-        if config.rootless and not any("name=rootless" in o for o in options):
-            raise UnsupportedCapabilityError(
-                "the security policy requires a rootless Docker engine (rootless=True) and this engine "
-                "runs as root; run the engine rootless (dockerd-rootless-setuptool.sh) or drop "
-                "rootless=True; no sandbox was created"
-            )
-        if config.apparmor_profile is not None and not any("name=apparmor" in o for o in options):
-            raise UnsupportedCapabilityError(
-                f"the security policy asks for AppArmor profile {config.apparmor_profile!r}, but this "
-                "engine's host has no AppArmor (the engine does not report it); use a host with AppArmor "
-                "or drop apparmor_profile; no sandbox was created"
-            )
+        """Refuse, before anything exists, what this engine cannot honour (see hardening)."""
+        hardening.check_confinement(config, self.engine_info().get("SecurityOptions") or ())
         seccomp.custom_profile(config)  # unreadable or malformed: refused now, not by the engine
-
-    def _security_opt(self, config: SandboxConfig) -> list[str]:
-        custom = seccomp.custom_profile(config)
-        opts = [
-            "no-new-privileges:true",
-            f"seccomp={custom or seccomp.profile_json(self._arch(), gvisor=self._is_gvisor())}",
-        ]
-        if config.apparmor_profile is not None:
-            opts.append(f"apparmor={config.apparmor_profile}")
-        return opts
 
     def _start_egress(
         self, config: SandboxConfig, sandbox_id: str, created: float, deadline: float
@@ -462,28 +433,8 @@ class DockerBackend(RuntimeBackend):
         uid, _, gid = config.user.partition(":")
         gid = gid or uid
         limits = config.limits
-        env = {
-            "PATH": _CONTAINER_PATH,
-            "HOME": "/tmp",
-            "LANG": "C.UTF-8",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        env.update(config.container_environment())
-        env["AGENTNEST_WORKSPACE"] = config.workdir
-        # Where the agent also listens, so the host can reach the same agent
-        # again when its stream is lost (the engine restarted): see open_channel.
-        env["AGENTNEST_REATTACH"] = REATTACH_SOCKET
-        if topology is not None:
-            env.update(topology.sandbox_environment())
-        if gpu is not None:
-            env.update(gpu.environment)  # after the caller's: see gpus.request
         api = self.api
-        import docker.types
-
-        tmpfs_opts = f"rw,nosuid,nodev,uid={uid},gid={gid}"
-        tmpfs = {"/tmp": f"{tmpfs_opts},mode=1777,size={limits.scratch}"}
-        binds: list[docker.types.Mount] = []
+        workspace: hardening.WorkspaceBind | None = None
         handle_info: dict[str, Any] = {}
         if limits.workspace_medium == "disk":
             pool = self.storage_pool()
@@ -493,11 +444,9 @@ class DockerBackend(RuntimeBackend):
                     "`agentnest setup`, or use workspace='memory'"
                 )
             if slot:
-                # No workspace yet: claim_spare mounts one on the slot, and mount
-                # propagation (rslave: host to container, never back) shows it here.
+                # No workspace yet: claim_spare mounts one on the slot (see hardening).
                 path = pool.make_slot(sandbox_id)
                 handle_info.update(workspace_pool=pool, slot=sandbox_id)
-                binds.append(docker.types.Mount(config.workdir, str(path), type="bind", propagation="rslave"))
             elif workspace_from is None:
                 path = pool.create(sandbox_id, limits.workspace, int(uid), int(gid))
             else:
@@ -509,79 +458,37 @@ class DockerBackend(RuntimeBackend):
                     after_clone()
             if not slot:
                 handle_info.update(workspace_pool=pool, workspace_name=sandbox_id, workspace_path=path)
-                # A bind mount of the sandbox's own subvolume, nothing above it;
-                # the pool is mounted nosuid,nodev on the host (storage.setup).
-                binds.append(
-                    docker.types.Mount(config.workdir, str(path), type="bind", propagation="rprivate")
-                )
-        else:
-            tmpfs[config.workdir] = f"{tmpfs_opts},mode=0755,size={limits.workspace}"
-        host_config = api.create_host_config(
-            # Resource ceilings; memswap == memory means no swap.
-            mem_limit=limits.memory,
-            memswap_limit=limits.memory,
-            nano_cpus=int(limits.cpus * 1e9),
-            pids_limit=self._pids_ceiling(limits.pids),
-            # The image is never written; only the tmpfs mounts and the workspace are.
-            read_only=config.read_only_root,
-            tmpfs=tmpfs,
-            mounts=binds or None,
-            # No capability at all, and no way to gain one through setuid binaries.
-            cap_drop=["ALL"],
-            security_opt=self._security_opt(config),
-            network_mode=self._network_mode(config, topology),
-            # With an allowlist, the embedded resolver's only upstream is the
-            # proxy's address, where nothing answers DNS: a query for any
-            # name other than the two containers' fails inside the sandbox's
-            # own network namespace, instead of reaching the host's resolvers.
-            dns=[topology.proxy_ip] if topology is not None else None,
-            # No init process: PID 1 is the deadline keeper (see bootstrap),
-            # which also reaps orphans.
-            init=False,
-            # The nvidia runtime (a runc wrapper) only when that is how this host gives GPUs.
-            runtime=(gpu.runtime if gpu is not None and gpu.runtime else oci_runtime),
-            ipc_mode="private",
-            # /dev/shm: Docker's 64 MiB, or 256 MiB for a browser, whose
-            # renderers share their frames through it (a bounded tmpfs either way).
-            shm_size=BROWSER_SHM if config.preset == "browser" else None,
-            # No container log: the agent channel runs over the container's
-            # stdio, so a log would keep every command's output (secrets
-            # included) in a host file that sandbox code could grow at will.
-            log_config=docker.types.LogConfig(type="none", config={}),
-            ulimits=self._ulimits(config),
-            # Under memory pressure on the host, the sandbox dies first.
-            oom_score_adj=500,
-            device_requests=gpu.device_requests() if gpu is not None else None,
-        )
+            workspace = hardening.WorkspaceBind(str(path), slot=slot)
         container_labels = labels.for_sandbox(sandbox_id, self.name, created, deadline)
         if slot:
             container_labels[labels.WARM] = "true"  # for operators: `docker ps` shows spares as such
-        container_labels.update(config.labels)
-        networking = None
-        if topology is not None:
-            # types-docker says EndpointConfig; docker-py takes {network name: EndpointConfig}.
-            endpoint = api.create_endpoint_config(ipv4_address=topology.sandbox_ip)
-            networking = docker.types.NetworkingConfig({topology.network_name: endpoint})  # type: ignore[arg-type]
+        plan = hardening.container(
+            config,
+            name=f"agentnest-{sandbox_id}",
+            command=bootstrap.command("keeper", self.spec.python, deadline - created),
+            labels=container_labels,
+            oci_runtime=oci_runtime,
+            gvisor=self._is_gvisor(),
+            seccomp_profile=(
+                seccomp.custom_profile(config) or seccomp.profile_json(self._arch(), gvisor=self._is_gvisor())
+            ),
+            workspace=workspace,
+            egress=(
+                hardening.EgressNetwork(
+                    topology.network_name,
+                    topology.sandbox_ip,
+                    topology.proxy_ip,
+                    topology.sandbox_environment(),
+                )
+                if topology is not None
+                else None
+            ),
+            gpu=gpu,
+        )
         try:
             with map_docker_errors("creating the sandbox container", config.image):
-                cid = api.create_container(
-                    config.image,
-                    command=bootstrap.command("keeper", self.spec.python, deadline - created),
-                    user=f"{uid}:{gid}",
-                    environment=env,
-                    working_dir=config.workdir,
-                    labels=container_labels,
-                    host_config=host_config,
-                    # detach=False with stdin_open sets StdinOnce: when the host's
-                    # attach connection goes away, the agent sees end-of-file.
-                    stdin_open=True,
-                    tty=False,
-                    # Never copy the host's client proxy settings into a sandbox.
-                    use_config_proxy=False,
-                    hostname="sandbox",
-                    name=f"agentnest-{sandbox_id}",
-                    networking_config=networking,
-                )["Id"]
+                host_config = api.create_host_config(**plan.host_config)
+                cid = api.create_container(**plan.create, host_config=host_config)["Id"]
         except BaseException:
             _remove_workspace(handle_info)
             raise
@@ -591,9 +498,9 @@ class DockerBackend(RuntimeBackend):
             deadline=deadline,
             info={
                 "container": cid,
-                "user": f"{uid}:{gid}",
+                "user": plan.user,
                 "workdir": config.workdir,
-                "env": env,
+                "env": plan.environment,
                 # A lost stream reaches the same agent again (Sandbox._channel).
                 "reattach": True,
                 **handle_info,
@@ -793,55 +700,8 @@ class DockerBackend(RuntimeBackend):
 
     # -- helpers -------------------------------------------------------------
 
-    @staticmethod
-    def _network_mode(config: SandboxConfig, topology: egress.EgressTopology | None) -> str:
-        if topology is not None:
-            return topology.network_name  # the internal network, and nothing else
-        return "bridge" if config.network.mode is NetworkMode.OPEN else "none"
-
-    def _ulimits(self, config: SandboxConfig) -> list[Any]:
-        import docker.types
-
-        limits = config.limits
-        out = [
-            docker.types.Ulimit(name="core", soft=0, hard=0),
-            docker.types.Ulimit(name="nofile", soft=bootstrap.NOFILE, hard=bootstrap.NOFILE),
-        ]
-        if self._is_gvisor():
-            # gVisor keeps all of a sandbox's memory and processes in one host
-            # process tree: a workload that hits the cgroup's memory or PID
-            # limit takes the whole sandbox down with it.  Per-sandbox rlimits,
-            # enforced by gVisor's own kernel, stop the offending process
-            # first.  (Not on runc: there RLIMIT_NPROC counts every process of
-            # UID 65532 on the host, across all sandboxes.)
-            # The Sentry itself needs memory too (_GVISOR_OVERHEAD).
-            in_memory = limits.scratch + (limits.workspace if limits.workspace_medium == "memory" else 0)
-            address_space = max(limits.memory - in_memory - _GVISOR_OVERHEAD, 64 * 2**20)
-            out.append(docker.types.Ulimit(name="nproc", soft=limits.pids, hard=limits.pids))
-            # Not for a browser: Chromium reserves tens of GiB of address space
-            # at start (V8's heap cage, PartitionAlloc's pools) and dies on a
-            # CHECK without it.  Nor for GPUs (opt-in nvproxy): CUDA maps the
-            # device's memory into the address space.  Memory stays capped by
-            # the cgroup either way.
-            if config.preset != "browser" and not config.limits.gpus:
-                out.append(docker.types.Ulimit(name="as", soft=address_space, hard=address_space))
-        return out
-
     def _is_gvisor(self) -> bool:
         return self.spec.oci_runtime.startswith("runsc")
-
-    def _pids_ceiling(self, pids: int) -> int:
-        """The cgroup PID limit that gives the workload ``pids`` processes.
-
-        Under gVisor the cgroup also holds the Sentry and, on the ptrace
-        platform, a host thread per application thread: the same number
-        would kill the whole sandbox long before the workload reaches it.
-        The headroom keeps the limit meaningful (a fork bomb still stops)
-        without starving gVisor itself.
-        """
-        if self._is_gvisor():
-            return pids * 6 + 512
-        return pids
 
     def _arch(self) -> str:
         return str(self.engine_info().get("Architecture", "x86_64"))

@@ -181,15 +181,27 @@ class GPURequest:
     runtime: str | None = None
     environment: Mapping[str, str] = field(default_factory=dict, hash=False)
 
-    def device_requests(self) -> list[Any] | None:
-        """docker-py ``DeviceRequest`` objects for ``create_host_config`` (``None``: none)."""
+    def device_requests(self) -> list[dict[str, Any]] | None:
+        """``DeviceRequests`` for ``create_host_config``, as the Engine API spells them (``None``: none).
+
+        The same fields docker-py's ``DeviceRequest`` sends, as plain data, so
+        the container's hardening stays a pure builder (:mod:`.hardening`).
+        """
         if self.runtime is not None:
             return None  # the nvidia runtime reads NVIDIA_VISIBLE_DEVICES instead
-        import docker.types
-
         if self.device_ids:
-            return [docker.types.DeviceRequest(driver=self.driver, device_ids=list(self.device_ids))]
-        return [docker.types.DeviceRequest(driver=self.driver, count=self.count, capabilities=[["gpu"]])]
+            ids, count, capabilities = list(self.device_ids), 0, []
+        else:
+            ids, count, capabilities = [], self.count, [["gpu"]]
+        return [
+            {
+                "Driver": self.driver,
+                "Count": count,
+                "DeviceIDs": ids,
+                "Capabilities": capabilities,
+                "Options": {},
+            }
+        ]
 
 
 def nvproxy_enabled(runtime: Mapping[str, Any] | None) -> bool:

@@ -5,12 +5,18 @@ Through Docker's experimental checkpoint API (:mod:`.checkpoint`); the
 methods ``pause``, ``resume``, ``create_live_fork`` and ``attach_paused``
 come here.  On runc, and on an engine that cannot checkpoint, a pause is the
 freezer (:mod:`.freeze`).
+
+This module does not know the backend: it takes what it needs of it as the
+small :class:`Engine` protocol it defines (the backend is one), and a
+callable that creates a live fork's container.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...channel.streams import DockerMuxStream
 from ...config import SandboxConfig
@@ -26,12 +32,12 @@ from .. import bootstrap, storage
 from ..base import Capability, SandboxHandle
 from . import checkpoint, labels
 from .engine import Background, map_docker_errors, raw_socket
-from .freeze import Freeze
+from .freeze import Freeze, Freezer
 
 if TYPE_CHECKING:
-    from .backend import DockerBackend
+    import docker
 
-__all__ = ["ONCE", "LiveState"]
+__all__ = ["ONCE", "CreateRestored", "Engine", "LiveState"]
 
 #: Why a container restored from a checkpoint is not checkpointed again.
 ONCE = (
@@ -41,11 +47,62 @@ ONCE = (
 )
 
 
-class LiveState:
-    """The checkpoint side of one :class:`DockerBackend`."""
+class Engine(Protocol):
+    """What the checkpoint side needs of its Docker backend."""
 
-    def __init__(self, backend: DockerBackend) -> None:
+    name: str
+    freezer: Freezer
+
+    @property
+    def api(self) -> docker.APIClient: ...
+
+    def engine_info(self) -> dict[str, Any]: ...
+
+    def capabilities(self) -> frozenset[Capability]: ...
+
+    def workspace_path(
+        self, handle: SandboxHandle, *, write: bool = False, complete: bool = False
+    ) -> Path | None: ...
+
+    def is_running(self, handle: SandboxHandle) -> bool: ...
+
+    def storage_pool(self) -> storage.StoragePool | None: ...
+
+
+class CreateRestored(Protocol):
+    """Creates a live fork's container from a checkpoint (the backend's ``_create``).
+
+    ``after_clone`` is called once the child's workspace is cloned from ``parent``'s.
+    """
+
+    def __call__(
+        self,
+        config: SandboxConfig,
+        parent: SandboxHandle,
+        /,
+        *,
+        restore_from: Path,
+        after_clone: Callable[[], None],
+    ) -> SandboxHandle: ...
+
+
+class LiveState:
+    """The checkpoint side of one Docker backend.
+
+    Args:
+        backend: the backend, as much of it as :class:`Engine` says.
+        create: makes a live fork's container (see :class:`CreateRestored`).
+        gvisor: the backend's OCI runtime is gVisor (the only one that checkpoints here).
+        docker_host: the engine's address (checkpoints are files on the engine's host).
+    """
+
+    def __init__(
+        self, backend: Engine, *, create: CreateRestored, gvisor: bool, docker_host: str | None
+    ) -> None:
         self.backend = backend
+        self._create = create
+        self._gvisor = gvisor
+        self._docker_host = docker_host
 
     def pause(self, handle: SandboxHandle) -> str:
         # gVisor on an experimental local engine: a checkpoint to disk (the
@@ -154,7 +211,7 @@ class LiveState:
 
             try:
                 source = checkpoint.directory(self.backend.engine_info(), cid, checkpoint.FORK_NAME)
-                child = self.backend._create(config, parent, restore_from=source, after_clone=restore_parent)
+                child = self._create(config, parent, restore_from=source, after_clone=restore_parent)
             finally:
                 try:
                     # The parent comes back whatever became of the child.
@@ -171,8 +228,8 @@ class LiveState:
     def checkpoints(self) -> bool:
         """Whether this backend pauses its sandboxes through gVisor checkpoints (see :mod:`.checkpoint`)."""
         return (
-            self.backend._is_gvisor()
-            and storage.local_engine(self.backend.spec.docker_host)
+            self._gvisor
+            and storage.local_engine(self._docker_host)
             and checkpoint.supported(self.backend.engine_info())
         )
 
