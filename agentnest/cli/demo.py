@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ExecutionTimeoutError, SandboxDestroyedError
 from ._output import Commands, add_command, human_bytes, mark, positive_float
+from ._workspace import Workspace, read_workspace
 
 if TYPE_CHECKING:
     from ..sandbox import Sandbox
@@ -112,8 +113,11 @@ def handle(args: argparse.Namespace) -> int:
         tour.info(f"backend   {args.backend}")
         tour.info(
             f"limits    memory {human_bytes(limits.memory)}, {limits.cpus:g} CPU, {limits.pids} processes, "
-            f"/workspace {human_bytes(limits.workspace)}"
+            f"{sandbox.config.workdir} {human_bytes(limits.workspace)}"
         )
+        # What the sandbox got, read from it and from the backend: never assumed from the config.
+        workspace = read_workspace(sandbox)
+        tour.info(f"workspace {workspace.describe()}")
         tour.check(
             True,
             f"created in {time.monotonic() - started:.1f}s; it stops itself in {args.lifetime:g}s "
@@ -123,7 +127,7 @@ def handle(args: argparse.Namespace) -> int:
         _who(tour, sandbox)
         _read_only(tour, sandbox)
         _network(tour, sandbox)
-        _files(tour, sandbox)
+        _files(tour, sandbox, workspace)
         _timeout(tour, sandbox)
         tour.step("Destroy it")
         sandbox.destroy()
@@ -178,8 +182,8 @@ def _network(tour: _Tour, sandbox: Sandbox) -> None:
     )
 
 
-def _files(tour: _Tour, sandbox: Sandbox) -> None:
-    tour.step("Files live in /workspace")
+def _files(tour: _Tour, sandbox: Sandbox, workspace: Workspace) -> None:
+    tour.step(f"Files live in {workspace.path}")
     sandbox.write_file("notes/hello.txt", "written by the host\n")
     script = "echo 'appended inside the sandbox' >> notes/hello.txt && cat notes/hello.txt"
     result = sandbox.exec(["/bin/sh", "-c", script])
@@ -187,8 +191,7 @@ def _files(tour: _Tour, sandbox: Sandbox) -> None:
     text = sandbox.read_file("notes/hello.txt")
     tour.check(
         result.ok and text == "written by the host\nappended inside the sandbox\n",
-        f"the host wrote, the sandbox appended, the host read it back "
-        f"(/workspace is a tmpfs capped at {human_bytes(sandbox.config.limits.workspace)})",
+        f"the host wrote, the sandbox appended, the host read it back ({workspace.describe()})",
         f"the file round trip failed: {text!r}",
     )
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .. import verify
 from ..errors import AgentNestError, ImageNotFoundError, RuntimeNotAvailableError
 from ._output import Commands, add_command, status
+from ._workspace import Workspace, read_workspace
 
 if TYPE_CHECKING:
     from ..runtime.base import RuntimeBackend
@@ -314,19 +315,38 @@ def _sandbox_checks(report: _Report, name: str, backend: RuntimeBackend) -> None
         if not isinstance(seen, dict):
             report.add(scope, "probe", FAIL, f"unexpected probe output {seen!r:.200}")
             return
-        _judge(report, scope, sandbox, seen, gvisor, _engine_pids_limit(backend, sandbox.id))
+        try:
+            workspace = read_workspace(sandbox)
+        except AgentNestError as exc:
+            report.add(scope, "workspace", FAIL, f"could not look at the workspace: {exc}")
+            return
+        _judge(report, scope, sandbox, seen, gvisor, _engine_pids_limit(backend, sandbox.id), workspace)
     finally:
         sandbox.destroy()
 
 
 def _judge(
-    report: _Report, scope: str, sandbox: Sandbox, seen: dict[str, Any], gvisor: bool, engine_pids: int | None
+    report: _Report,
+    scope: str,
+    sandbox: Sandbox,
+    seen: dict[str, Any],
+    gvisor: bool,
+    engine_pids: int | None,
+    workspace: Workspace,
 ) -> None:
-    """Compare what the probe saw with the sandbox's configuration (see :mod:`agentnest.verify`)."""
+    """Compare what the probes saw with the sandbox's configuration (see :mod:`agentnest.verify`)."""
     config = sandbox.config
     network = getattr(getattr(config, "network", None), "mode", None)
-    on_disk = config.limits.workspace_medium == "disk"
-    quota = sandbox.backend.workspace_quota(sandbox.handle) if on_disk else None
+    asked = config.limits.workspace_medium
+    # What the sandbox got, as its own mount table shows it: never assumed from the config.
+    report.add(
+        scope,
+        "workspace",
+        OK if workspace.medium == asked else FAIL,
+        workspace.describe(),
+        f"a {asked} workspace was asked for; `agentnest setup` makes the storage pool of disk workspaces",
+    )
+    quota = workspace.quota if asked == "disk" else None
     for finding in verify.judge(
         seen,
         config.limits,

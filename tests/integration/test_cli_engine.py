@@ -321,6 +321,32 @@ def test_demo_walks_through_every_step(capsys: pytest.CaptureFixture[str], backe
     assert "uid=65532" in out
     assert "ExecutionTimeoutError" in out
     assert out.rstrip().endswith("all 7 steps passed")
+    # The workspace is described as the sandbox got it (its mount and the host's quota), never assumed.
+    from agentnest.runtime.base import Capability
+    from agentnest.runtime.registry import get_backend
+
+    on_disk = Capability.DISK_WORKSPACE in get_backend(backend).capabilities()
+    (line,) = [x for x in out.splitlines() if x.strip().startswith("workspace ")]
+    if on_disk:
+        assert "/workspace is on the host's disk" in line and "by a quota read on the host" in line, line
+        assert "tmpfs" not in out.split("[6/7]")[0], out
+    else:
+        assert "/workspace is a tmpfs of 256.0 MiB" in line, line
+    assert "host read it back (/workspace is " in out
+
+
+def test_doctor_describes_the_workspace_the_sandbox_got(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentnest.runtime.base import Capability
+    from agentnest.runtime.registry import get_backend
+
+    code, out, _ = run_cli(capsys, "doctor", "--json", "--backend", "docker")
+    assert code == 0, out
+    (found,) = [c for c in json.loads(out)["checks"] if c["name"] == "workspace"]
+    assert found["status"] == "ok"
+    if Capability.DISK_WORKSPACE in get_backend("docker").capabilities():
+        assert found["detail"].startswith("/workspace is on the host's disk (btrfs), held to 8.0 GiB")
+    else:
+        assert found["detail"].startswith("/workspace is a tmpfs of")
 
 
 def test_image_browser_names_the_built_browser_image(capsys: pytest.CaptureFixture[str], api: Any) -> None:

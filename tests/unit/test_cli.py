@@ -20,6 +20,8 @@ from agentnest.cli import build_parser, main
 from agentnest.cli import doctor as doctor_cmd
 from agentnest.cli import prune as prune_cmd
 from agentnest.cli._output import human_bytes, mark, table
+from agentnest.cli._workspace import PROBE as workspace_probe
+from agentnest.cli._workspace import Workspace, read_workspace
 from agentnest.cli.run import command_argv
 from agentnest.config import ResourceLimits
 from agentnest.errors import AgentNestError, BackendError, ConfigurationError
@@ -558,12 +560,19 @@ GOOD_RUNC = {
 }
 
 
+TMPFS = Workspace("/workspace", "tmpfs", 256 * 2**20, None)
+
+
 def judge(
-    seen: dict[str, Any], gvisor: bool = False, engine_pids: int | None = None
+    seen: dict[str, Any],
+    gvisor: bool = False,
+    engine_pids: int | None = None,
+    workspace: Workspace = TMPFS,
+    limits: ResourceLimits | None = None,
 ) -> dict[str, tuple[str, str]]:
     report = doctor_cmd._Report(as_json=True)
-    fake_sandbox: Any = SimpleNamespace(config=SimpleNamespace(limits=ResourceLimits()))
-    doctor_cmd._judge(report, "scope", fake_sandbox, seen, gvisor, engine_pids)
+    fake_sandbox: Any = SimpleNamespace(config=SimpleNamespace(limits=limits or ResourceLimits()))
+    doctor_cmd._judge(report, "scope", fake_sandbox, seen, gvisor, engine_pids, workspace)
     return {c.name: (c.status, c.detail) for c in report.checks}
 
 
@@ -589,8 +598,63 @@ def test_doctor_judges_a_good_runc_sandbox_ok() -> None:
         "no network",
         "memory limit",
         "process limit",
+        "workspace",
         "workspace size",
     }
+    assert (
+        results["workspace"][1]
+        == "/workspace is a tmpfs of 256.0 MiB, in memory (counted against the memory limit)"
+    )
+
+
+def test_doctor_says_what_the_workspace_is_not_what_was_asked() -> None:
+    disk = ResourceLimits.build(workspace="8g", workspace_medium="disk")
+    btrfs = Workspace("/workspace", "btrfs", 40 * 2**30, 8 * 2**30)
+    results = judge(GOOD_RUNC, workspace=btrfs, limits=disk)
+    assert results["workspace"] == (
+        "ok",
+        "/workspace is on the host's disk (btrfs), held to 8.0 GiB by a quota read on the host",
+    )
+    assert results["workspace size"][0] == "ok" and "8.0 GiB" in results["workspace size"][1]
+    # A disk workspace asked for and a tmpfs found (or the other way round) is a failure.
+    assert judge(GOOD_RUNC, workspace=TMPFS, limits=disk)["workspace"][0] == "fail"
+    assert judge(GOOD_RUNC, workspace=btrfs)["workspace"][0] == "fail"
+    unseen = judge(GOOD_RUNC, workspace=Workspace("/workspace", None, None, None))["workspace"]
+    assert unseen == ("fail", "/workspace: its mount could not be read inside the sandbox")
+
+
+def test_workspace_descriptions_come_from_what_was_seen() -> None:
+    gofer = Workspace("/workspace", "9p", 40 * 2**30, None)
+    assert (gofer.medium, TMPFS.medium) == ("disk", "memory")
+    assert gofer.describe() == "/workspace is on the host's disk (9p); no quota was found on the host"
+
+
+def test_read_workspace_reads_the_mount_and_the_quota() -> None:
+    seen: list[list[str]] = []
+
+    def exec_(argv: list[str], timeout: float) -> Any:
+        seen.append(argv)
+        out = json.dumps({"fstype": "btrfs", "options": "rw,subvol=/ws/x", "bytes": 40 * 2**30})
+        return SimpleNamespace(ok=True, stdout=out)
+
+    sandbox: Any = SimpleNamespace(
+        config=SimpleNamespace(workdir="/workspace"),
+        exec=exec_,
+        handle="h",
+        backend=SimpleNamespace(workspace_quota=lambda handle: 8 * 2**30 if handle == "h" else None),
+    )
+    assert read_workspace(sandbox) == Workspace("/workspace", "btrfs", 40 * 2**30, 8 * 2**30)
+    assert seen[0][-1] == "/workspace"
+    sandbox.exec = lambda argv, timeout: SimpleNamespace(ok=False, stdout="")
+    assert read_workspace(sandbox).medium is None
+
+
+def test_the_workspace_probe_reads_this_hosts_mount_table() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", workspace_probe, "/"], capture_output=True, text=True, check=True
+    ).stdout
+    report = json.loads(out)
+    assert isinstance(report["fstype"], str) and report["bytes"] > 0
 
 
 @pytest.mark.parametrize(
