@@ -85,7 +85,7 @@ class DockerSpec:
     api_timeout: float | None = None
 
     def __post_init__(self) -> None:
-        from ...egress.proxy import Rules
+        from ...egress.rules import Rules
 
         hosts: object = self.egress_hosts
         if not isinstance(hosts, Mapping):

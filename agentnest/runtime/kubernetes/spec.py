@@ -291,7 +291,7 @@ class KubernetesSpec:
         hosts: object = self.egress_hosts
         if not isinstance(hosts, Mapping):
             raise ConfigurationError(f"egress_hosts must map host names to addresses, not {hosts!r:.60}")
-        from ...egress.proxy import Rules
+        from ...egress.rules import Rules
 
         try:
             Rules(hosts=dict(hosts))  # the proxy's own parser: what it would refuse, refused now
