@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from .agent.interpreter import INTERRUPT_GRACE, MAX_CODE_BYTES, NAME_MAX, valid_name
+from .agent.limits import INTERRUPT_GRACE, MAX_CODE_BYTES, NAME_MAX, valid_name
 from .channel.client import Channel, SessionBusy, SessionRunHandle
 from .channel.protocol import BINARY_MIMES, RawDisplay, RawSessionRun, RawValue, SessionInfo
 from .config import ExecutionChunk

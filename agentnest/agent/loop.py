@@ -80,7 +80,7 @@ class Agent:
         self._wake_r, self._wake_w = os.pipe()
         # Long file operations in progress, by request id (see _step_jobs).
         self.jobs: Dict[int, Any] = {}
-        # Sessions are loaded on first use: the interpreter module is large,
+        # Sessions are loaded on first use: the sessions module is large,
         # and an idle sandbox's memory and start-up time are counted.
         self._sessions: Any = None
 
@@ -213,7 +213,7 @@ class Agent:
     @property
     def sessions(self) -> Any:
         if self._sessions is None:
-            self._sessions = _interpreter().Sessions(
+            self._sessions = _sessions_module().Sessions(
                 self.send, self.sel, execmod.kill_tree, self.base_env, self.workspace.root, self.token
             )
         return self._sessions
@@ -658,21 +658,21 @@ def _window_size(h: Any) -> Optional[Tuple[int, int]]:
     return rows, cols
 
 
-def _interpreter() -> Any:
-    """The sessions module, compiled on first use.
+def _sessions_module() -> Any:
+    """The sessions module (:mod:`.sessions`), compiled on first use.
 
     Shipped by the bootstrap, it is defined from the bundle's sources by the
     bootstrap's own loader; from a package on disk (tests), imported.
     """
-    mod = sys.modules.get((__package__ or "") + ".interpreter")
+    mod = sys.modules.get((__package__ or "") + ".sessions")
     if mod is not None:
         return mod
     define = getattr(sys.modules.get(__package__ or ""), "define", None)
     if define is None:
-        from . import interpreter
+        from . import sessions
 
-        return interpreter
-    return define("interpreter")
+        return sessions
+    return define("sessions")
 
 
 def main() -> None:

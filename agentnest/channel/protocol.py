@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..agent import interpreter, wire
+from ..agent import limits, wire
 from ..agent.wire import PROTOCOL_VERSION, Decoder, Frame, Header, WireError, encode
 
 __all__ = [
@@ -46,14 +46,14 @@ __all__ = [
 HOST_MAX_BODY = 2 * 1024 * 1024
 #: Display MIME types a Python session may send: a closed table, so that the
 #: host (never the sandbox) decides how each is decoded.
-DISPLAY_MIMES = interpreter.DISPLAY_MIMES
+DISPLAY_MIMES = limits.DISPLAY_MIMES
 #: Of those, the ones whose data is binary (base64 in ``DisplayItem.data``).
-BINARY_MIMES = interpreter.BINARY_MIMES
+BINARY_MIMES = limits.BINARY_MIMES
 #: Largest ``value`` body (a result's repr or a traceback, already bounded in
 #: the sandbox); a bigger one is a violation.
-MAX_SESSION_VALUE = interpreter.VALUE_MAX_BYTES
+MAX_SESSION_VALUE = limits.VALUE_MAX_BYTES
 #: Display items in one session run; more are dropped (``truncated``).
-MAX_DISPLAY_ITEMS = interpreter.MAX_DISPLAY_ITEMS
+MAX_DISPLAY_ITEMS = limits.MAX_DISPLAY_ITEMS
 
 
 class ProtocolViolation(Exception):
@@ -205,8 +205,8 @@ def parse_session_list(h: Header) -> tuple[SessionInfo, ...]:
     if h.get("t") != "done":
         raise ProtocolViolation(f"expected a done frame for the session list, got {h.get('t')!r:.40}")
     entries = h.get("sessions")
-    if not isinstance(entries, list) or len(entries) > interpreter.MAX_SESSIONS:
-        raise ProtocolViolation(f"the session list is not a list of at most {interpreter.MAX_SESSIONS}")
+    if not isinstance(entries, list) or len(entries) > limits.MAX_SESSIONS:
+        raise ProtocolViolation(f"the session list is not a list of at most {limits.MAX_SESSIONS}")
     found: list[SessionInfo] = []
     for entry in entries:
         if not isinstance(entry, dict):
@@ -223,10 +223,10 @@ def parse_session_list(h: Header) -> tuple[SessionInfo, ...]:
 
 def _session(h: Header) -> SessionInfo:
     name = h.get("name")
-    if name is not None and not interpreter.valid_name(name):
+    if name is not None and not limits.valid_name(name):
         raise ProtocolViolation(f"session name {name!r:.80} is invalid")
     key = h.get("key", "")
-    if key != "" and not interpreter.valid_key(key):
+    if key != "" and not limits.valid_key(key):
         raise ProtocolViolation(f"session key {key!r:.80} is invalid")
     started = h.get("started", 0.0)
     # NaN and infinities fail the range check too.

@@ -39,7 +39,7 @@ from functools import lru_cache
 from importlib import resources
 
 #: Load order matters: a module's relative imports must already be loaded.
-AGENT_MODULES = ("wire", "files", "exec", "interpreter", "loop")
+AGENT_MODULES = ("wire", "limits", "files", "exec", "sessions", "repl", "loop")
 PACKAGE = "agentnest_agent"
 #: What PID 1 writes to the container's stderr when the first agent exits.
 AGENT_EXITED = b"\x00AGENTNEST-AGENT-EXITED\x00"
@@ -84,7 +84,7 @@ def unpack(package, bundle, lazy=()):
 BOOTSTRAP = UNPACK + (
     r"""
 import os, sys
-LAZY = ("interpreter",)  # compiled by the agent on first use
+LAZY = ("sessions", "repl")  # compiled by the agent on first use (repl: only by a session)
 def load(blob=None):
     if blob is None:
         b = sys.stdin.buffer
@@ -93,7 +93,7 @@ def load(blob=None):
     pkg, define, mods = unpack("%(pkg)s", blob, LAZY)
     # Python sessions start from these (there are no files); keep only what
     # they need, an idle sandbox's memory is counted.
-    pkg.sources = dict((k, v) for k, v in mods if k in ("wire", "interpreter"))
+    pkg.sources = dict((k, v) for k, v in mods if k in ("wire", "limits", "sessions", "repl"))
     pkg.define = lambda name: define(name, pkg.sources[name])  # lazy modules
     del mods
     return sys.modules["%(pkg)s.loop"]

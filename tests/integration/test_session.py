@@ -22,7 +22,7 @@ from agentnest import (
     SessionLostError,
     SessionResult,
 )
-from agentnest.agent.interpreter import INTERRUPT_GRACE, RESULT_LIMIT
+from agentnest.agent.limits import INTERRUPT_GRACE, RESULT_LIMIT
 
 from .helpers import Background, processes
 

@@ -37,8 +37,9 @@ from agentnest import (
     SessionLostError,
     SessionResult,
 )
-from agentnest.agent import interpreter
-from agentnest.agent.interpreter import RESULT_LIMIT, bounded_repr, clip
+from agentnest.agent import limits
+from agentnest.agent.limits import RESULT_LIMIT
+from agentnest.agent.repl import bounded_repr, clip
 from agentnest.channel import client
 from agentnest.channel.client import Channel
 from agentnest.channel.protocol import (
@@ -251,7 +252,7 @@ def test_invalid_arguments(session: PythonSession) -> None:
         with pytest.raises(ConfigurationError, match="timeout"):
             session.run("1", timeout=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="limit"):
-        session.run("#" * (interpreter.MAX_CODE_BYTES + 1))
+        session.run("#" * (limits.MAX_CODE_BYTES + 1))
     assert session.run("1").result == "1"
 
 
@@ -301,7 +302,7 @@ def test_code_that_ignores_the_interrupt_is_killed_and_the_session_lost(session:
     with pytest.raises(SessionLostError, match="did not stop") as info:
         session.run(code, timeout=0.5)
     took = time.monotonic() - started
-    assert 0.5 + interpreter.INTERRUPT_GRACE - 0.2 < took < 0.5 + interpreter.INTERRUPT_GRACE + 3
+    assert 0.5 + limits.INTERRUPT_GRACE - 0.2 < took < 0.5 + limits.INTERRUPT_GRACE + 3
     assert info.value.result is not None and info.value.result.timed_out
     wait_until(lambda: not alive(old_pid), what="the killed interpreter to vanish")
     assert session.pid is None
@@ -502,7 +503,7 @@ def test_a_huge_result_is_cut_in_the_sandbox(session: PythonSession) -> None:
 def test_a_huge_traceback_is_cut(session: PythonSession) -> None:
     got = session.run("raise ValueError('z' * 1_000_000)")
     assert got.truncated and got.error is not None
-    assert len(got.error) <= interpreter.ERROR_LIMIT + 100
+    assert len(got.error) <= limits.ERROR_LIMIT + 100
     assert "characters cut" in got.error
     assert got.error.startswith("Traceback")
 
@@ -652,8 +653,8 @@ def test_large_display_items_arrive_whole(session: PythonSession) -> None:
 
 
 def test_display_items_are_capped_per_run(session: PythonSession) -> None:
-    got = session.run(f"for i in range({interpreter.MAX_DISPLAY_ITEMS + 10}):\n    display(i)")
-    assert len(got.display) == interpreter.MAX_DISPLAY_ITEMS
+    got = session.run(f"for i in range({limits.MAX_DISPLAY_ITEMS + 10}):\n    display(i)")
+    assert len(got.display) == limits.MAX_DISPLAY_ITEMS
     assert got.truncated
 
 

@@ -31,8 +31,9 @@ from agentnest import (
     SessionLostError,
     UnsupportedCapabilityError,
 )
-from agentnest.agent import interpreter, wire
-from agentnest.agent.interpreter import MAX_SESSIONS, NAME_MAX, valid_key, valid_name
+from agentnest.agent import sessions as agent_sessions
+from agentnest.agent import wire
+from agentnest.agent.limits import MAX_SESSIONS, NAME_MAX, valid_key, valid_name
 from agentnest.channel.client import Channel
 from agentnest.channel.protocol import ProtocolViolation, RawSessionRun, RawValue, parse_session_list
 from agentnest.channel.streams import ByteStream, SocketStream
@@ -587,7 +588,7 @@ def test_peer_session_list(peer: tuple[Peer, Channel]) -> None:
 
 def test_agent_refuses_an_invalid_name_itself() -> None:
     sent: list[dict[str, Any]] = []
-    sessions = interpreter.Sessions(
+    sessions = agent_sessions.Sessions(
         lambda h, body=b"": sent.append(h),
         selectors.DefaultSelector(),
         lambda pid, marker: 0,
