@@ -205,13 +205,16 @@ def spawn(
         return _spawn_pty(cid, argv, full_env, cwd, limit, marker, pty)
     executable: Optional[str] = None
     pass_fds: Tuple[int, ...] = ()
-    preexec: Any = None
+    # Only when the agent itself was started with signals ignored or blocked
+    # (from a background job, say): the reset costs a fork instead of a vfork.
+    reset = inherited_signals()
+    preexec: Any = default_signals if reset else None
     path = ""
     trampoline = _TRAMPOLINE
     if subreaper and _PRCTL is not None:
         if trampoline is None:
             # preexec_fn is unsafe with threads; the agent has one.
-            preexec = _become_subreaper
+            preexec = _become_subreaper_reset if reset else _become_subreaper
         else:
             path = _find_program(argv[0], full_env, cwd)
             # Not found, or not executable: Popen reports it as it always does.
@@ -242,7 +245,7 @@ def spawn(
         # This system will not run the trampoline (a memfd exec refused, no
         # /proc): use the preexec_fn from now on.
         _drop_trampoline()
-        executable, pass_fds, preexec = None, (), _become_subreaper
+        executable, pass_fds, preexec = None, (), _become_subreaper_reset if reset else _become_subreaper
         proc = popen()
     cmd = Command(cid, proc, marker, limit)
     assert proc.stdout is not None and proc.stderr is not None
@@ -466,14 +469,51 @@ def _foreground_groups(fd: int, session: int) -> List[int]:
 def _take_terminal() -> None:
     """In a child after ``setsid()``: make its stdin, a terminal, the controlling one.
 
-    It becomes a child subreaper too, where the kernel has them (it is forked
-    anyway, so this costs nothing more).
+    It becomes a child subreaper too, where the kernel has them, and starts
+    with default signal handling (it is forked anyway, so this costs nothing more).
     """
     import fcntl
     import termios
 
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
     _become_subreaper()
+    default_signals()
+
+
+# Left to subprocess: Python itself ignores these two, and Popen's
+# restore_signals puts them back to the default in every child.
+_RESTORED = frozenset(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, n))
+
+
+def inherited_signals() -> bool:
+    """Whether a child of this process would start with a signal ignored or blocked.
+
+    Ignored dispositions and the signal mask survive ``fork`` and ``exec``: an
+    agent started where SIGINT and SIGQUIT are ignored (a background job of a
+    shell, a ``nohup``) would hand them on, and ^C on a command's terminal,
+    or a ``kill -INT`` a program relies on, would do nothing.
+    """
+    if signal.pthread_sigmask(signal.SIG_BLOCK, []):
+        return True
+    for sig in signal.valid_signals():
+        if sig not in _RESTORED and signal.getsignal(sig) == signal.SIG_IGN:
+            return True
+    return False
+
+
+def default_signals() -> None:
+    """In a child before ``exec``: every ignored signal back to the default, none blocked.
+
+    A command (or a Python session) starts with default signal handling, as
+    from a login shell, whatever the agent itself was started with.
+    """
+    for sig in signal.valid_signals():
+        try:
+            if sig not in _RESTORED and signal.getsignal(sig) == signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):  # a signal that cannot be set; off the main thread: none can
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def _find_program(name: str, env: Dict[str, str], cwd: str) -> str:
@@ -567,6 +607,12 @@ def _become_subreaper() -> None:
     """In a child before ``exec``: adopt the orphans of its own tree (best effort)."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _become_subreaper_reset() -> None:
+    """In a child before ``exec``: :func:`_become_subreaper` and :func:`default_signals`."""
+    _become_subreaper()
+    default_signals()
 
 
 def set_window_size(fd: int, rows: int, cols: int) -> None:

@@ -46,6 +46,7 @@ import zlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import wire
+from .exec import default_signals
 from .limits import (
     CHILD_PACKAGE,
     DISPLAY_ITEM_LIMIT,
@@ -262,7 +263,9 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
     An interpreter whose agent is gone can never be reached again (the host
     starts a new agent and reports the session lost), so it must not keep
     running code -- an infinite loop would burn the sandbox's CPU until its
-    deadline.
+    deadline.  It also starts with default signal handling, as a command
+    does (:func:`.exec.default_signals`): code in a session and what it
+    runs see ^C and SIGQUIT as from a login shell.
     """
 
     def setup() -> None:
@@ -274,6 +277,7 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
             pass
         if os.getppid() != parent:  # the agent died before the prctl took hold
             os._exit(1)
+        default_signals()
 
     return setup
 
