@@ -48,6 +48,7 @@ from typing import Any
 
 from .config import ExecutionResult as ExecutionResult  # 0.3.0 had it here
 from .errors import ConfigurationError, ExecutionError, ExecutionTimeoutError
+from .runtime.bootstrap import script_command
 from .sandbox import Sandbox as Sandbox  # 0.3.0 had it here
 from .secrets import Secret
 
@@ -74,34 +75,6 @@ TEST_TIMEOUT = 1800.0
 #: anything, and paths printed as they are.
 _GIT = ["git", "-c", "core.pager=cat", "-c", "color.ui=false", "-c", "core.quotepath=false"]
 _GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
-
-#: Runs ``git clone`` with credentials read from stdin (never argv or env).
-#: argv: python3 -c THIS <git argv...>; stdin: git's credential format
-#: (``username=...\npassword=...\n``).  /tmp is mounted noexec, so no askpass
-#: program can live there: a shell credential helper (``!...``, run by git
-#: with ``sh -c``) ``cat``s the file instead, so the value is in no argv either.
-_CLONE_WITH_CREDENTIALS = r"""
-import os, shutil, subprocess, sys, tempfile
-answer = sys.stdin.read()
-os.umask(0o077)
-home = tempfile.mkdtemp(prefix=".agentnest-git-", dir="/tmp")
-try:
-    path = os.path.join(home, "credential")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
-    with os.fdopen(fd, "w") as f:
-        f.write(answer)
-    del answer
-    argv = sys.argv[1:]
-    # After the "credential.helper=" that empties the list, so ours is the only one;
-    # it answers "get" only, so nothing is ever stored.
-    at = argv.index("credential.helper=") + 1
-    helper = "credential.helper=!f() { test \"$1\" = get && cat '%s'; }; f" % path
-    argv[at:at] = ["-c", helper]
-    code = subprocess.call(argv, stdin=subprocess.DEVNULL)
-finally:
-    shutil.rmtree(home, ignore_errors=True)
-sys.exit(code)
-"""
 
 _REF = re.compile(r"^[A-Za-z0-9._/@{}~^:+-]+$")
 
@@ -421,7 +394,8 @@ class GitWorkspace:
             # the value (and its encoded forms) wherever it shows up.
             self.sandbox.add_secret(value)
             result = self._run(
-                ["python3", "-I", "-S", "-c", _CLONE_WITH_CREDENTIALS, *argv],
+                # agent/git_clone.py: credentials from stdin, never in argv or env.
+                script_command("python3", "git_clone", *argv),
                 cwd=None,
                 timeout=timeout,
                 input=f"username={username}\npassword={value}\n",

@@ -28,33 +28,11 @@ import signal
 from typing import Any
 
 from ...errors import BackendError, SandboxDestroyedError
-from ..bootstrap import DEADLINE_FILE
+from ..bootstrap import DEADLINE_FILE, script_command
 
-# Runs as root in the sandbox: write the deadline atomically, never through a link.
-_WRITE = f"""
-import os, sys
-path = {DEADLINE_FILE!r}
-fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-os.write(fd, sys.argv[1].encode())
-os.close(fd)
-try:
-    os.rename(path + ".new", path)
-except OSError:
-    os.unlink(path + ".new")
-    raise
-"""
-
-# Runs as root in the sandbox: the deadline, only from a root-owned regular file.
-_READ = f"""
-import os, stat
-try:
-    fd = os.open({DEADLINE_FILE!r}, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-except OSError:
-    raise SystemExit(0)
-st = os.fstat(fd)
-if st.st_uid == 0 and stat.S_ISREG(st.st_mode):
-    print(os.read(fd, 64).decode("ascii", "replace").strip())
-"""
+#: ``agent/deadline_file.py`` runs as root in the sandbox: it writes the deadline
+#: atomically, never through a link, and reads it only from a root-owned regular file.
+_PROGRAM = "deadline_file"
 
 
 def _run(api: Any, cid: str, argv: list[str], timeout: float = 30.0) -> tuple[int, bytes]:
@@ -74,7 +52,8 @@ def write(api: Any, cid: str, python: str, deadline: float) -> None:
     import docker.errors
 
     try:
-        code, output = _run(api, cid, [python, "-I", "-S", "-c", _WRITE, f"{deadline:.3f}"])
+        argv = script_command(python, _PROGRAM, "write", DEADLINE_FILE, f"{deadline:.3f}")
+        code, output = _run(api, cid, argv)
         if code != 0:
             tail = output.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
             raise BackendError(
@@ -147,7 +126,7 @@ def write_local(pid: int, cid: str, deadline: float) -> bool:
 def read(api: Any, cid: str, python: str) -> float | None:
     """The extended deadline recorded in a running container, or None (not extended, unreadable)."""
     try:
-        code, output = _run(api, cid, [python, "-I", "-S", "-c", _READ])
+        code, output = _run(api, cid, script_command(python, _PROGRAM, "read", DEADLINE_FILE))
     except Exception:  # a container going away meanwhile: no extension to honour
         return None
     if code != 0:
