@@ -17,8 +17,8 @@ Names follow the conventions of the anchors (research/manager.md §0.10):
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import MissingDependencyError
 
@@ -32,20 +32,37 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 if TYPE_CHECKING:
-    from .service import Service
+    from .admission import Admission
+    from .entries import Entry
+    from .pools import WarmPool
+    from .shared import SharedAdmission
 
 #: The exposition format's content type (text 0.0.4).
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # agentnest.server.app serves it
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # agentnest.server.routes.health serves it
 #: Seconds: starts take from ~0.1 s (warm) to minutes (an image build).
 _CREATE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 180.0)
 #: Seconds in the admission queue, up to the 600 s ceiling.
 _WAIT_BUCKETS = (0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
+class ServerState(Protocol):
+    """The bookkeeping a scrape reads (:class:`~agentnest.server.service.Service` has it)."""
+
+    @property
+    def admission(self) -> Admission: ...
+    @property
+    def entries(self) -> Mapping[str, Entry]: ...
+    @property
+    def pools(self) -> Mapping[str, WarmPool]: ...
+    @property
+    def shared(self) -> SharedAdmission | None: ...
+    def is_leader(self) -> bool: ...
+
+
 class _State(Collector):
     """Gauges read from the service at scrape time."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServerState) -> None:
         self.service = service
 
     def collect(self) -> Iterator[Metric]:
@@ -119,9 +136,10 @@ class _State(Collector):
 
 
 class ServerMetrics:
-    """The metrics of one server."""
+    """The metrics of one server: the service's
+    :class:`~agentnest.server.service.MetricsSink`, and the gauges of its state."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServerState) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_State(service))
         self.admissions = Counter(
@@ -168,8 +186,20 @@ class ServerMetrics:
         self.admissions.labels(tenant, outcome, reason or "").inc()
         self.queue_wait.labels(tenant).observe(max(0.0, waited))
 
+    def backend_error(self, backend: str) -> None:
+        self.backend_errors.labels(backend).inc()
+
+    def created(self, backend: str, launch: str, seconds: float) -> None:
+        self.create_seconds.labels(backend, launch).observe(seconds)
+
+    def pool_claimed(self, pool: str, outcome: str) -> None:
+        self.pool_claims.labels(pool, outcome).inc()
+
+    def lease_expired(self, tenant: str, lease: str) -> None:
+        self.lease_expiries.labels(tenant, lease).inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE", "ServerMetrics", "ServerState"]

@@ -5,7 +5,7 @@ token that created it; every create passes the token's ceiling (403 beyond
 it), the token's own count, and then fair admission between tenants
 (:mod:`agentnest.server.admission`): it waits its turn up to its
 ``max_wait`` or is refused with 429, a reason and ``Retry-After``.  The HTTP
-routes are in :mod:`agentnest.server.app`.
+routes are in :mod:`agentnest.server.routes`.
 
 .. versionadded:: 0.4.0
 """
@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import anyio
 
@@ -55,7 +55,6 @@ from .tenants import BANDS, POOL_PREFIX, Tenant
 from .tracing import Tracing
 
 if TYPE_CHECKING:
-    from .metrics import ServerMetrics
     from .recorder import Recorder
     from .shared import SharedAdmission
 
@@ -68,6 +67,31 @@ VERIFY_GRACE = 2.0
 MAX_CHANNELS = 4
 #: Python sessions per sandbox.
 MAX_SESSIONS = 8
+
+
+class MetricsSink(Protocol):
+    """What the service counts as it happens, and the text a scrape reads.
+
+    :class:`~agentnest.server.metrics.ServerMetrics` is the one the app sets
+    when ``prometheus_client`` is installed; the service knows only this.
+    """
+
+    def backend_error(self, backend: str) -> None:
+        """A sandbox start failed in ``backend``."""
+
+    def created(self, backend: str, launch: str, seconds: float) -> None:
+        """A sandbox started in ``seconds`` once admitted; ``launch`` is ``cold`` or ``warm``."""
+
+    def pool_claimed(self, pool: str, outcome: str) -> None:
+        """A create named a warm pool: served ``warm``, started ``cold``, or refused ``empty``."""
+
+    def lease_expired(self, tenant: str, lease: str) -> None:
+        """A sandbox was reaped because its ``lease`` (kind) lapsed."""
+
+    def render(self) -> bytes:
+        """Everything counted, in the exposition format of ``GET /metrics``."""
+
+
 _DEFAULTS = ResourceLimits()
 #: What a claim from a warm pool cannot ask for: the warm sandbox is already running.
 POOL_FIXED = frozenset(
@@ -142,7 +166,7 @@ class Service(AdmitMixin, DatabaseMixin):
             max_queue=settings.max_queue,
         )
         self._capacity_known = settings.capacity_memory is not None and settings.capacity_cpus is not None
-        self.metrics: ServerMetrics | None = None
+        self.metrics: MetricsSink | None = None
         """Set by the app when prometheus_client is installed."""
         self.pools: dict[str, WarmPool] = {}
         for spec in settings.pools:
@@ -365,14 +389,12 @@ class Service(AdmitMixin, DatabaseMixin):
                 except BaseException as exc:
                     self.admission.release(grant)
                     if self.metrics is not None and isinstance(exc, BackendError):
-                        self.metrics.backend_errors.labels(backend_name).inc()
+                        self.metrics.backend_error(backend_name)
                     if self.recorder is not None and isinstance(exc, Exception):
                         self.recorder.create_failed(tenant.name, token.id, backend_name, exc)
                     raise
                 if self.metrics is not None:
-                    self.metrics.create_seconds.labels(backend_name, "cold").observe(
-                        time.monotonic() - started
-                    )
+                    self.metrics.created(backend_name, "cold", time.monotonic() - started)
                 entry = Entry(token.id, sandbox, backend_name, grant, lease)
                 self.entries[sandbox.id] = entry
                 await self._started(entry, "cold")
@@ -527,14 +549,12 @@ class Service(AdmitMixin, DatabaseMixin):
             pool.claimed += 1
             self._count_claim(pool, "warm")
             if self.metrics is not None:
-                self.metrics.create_seconds.labels(pool.backend_name, "warm").observe(
-                    time.monotonic() - started
-                )
+                self.metrics.created(pool.backend_name, "warm", time.monotonic() - started)
             return entry
 
     def _count_claim(self, pool: WarmPool, outcome: str) -> None:
         if self.metrics is not None:
-            self.metrics.pool_claims.labels(pool.spec.name, outcome).inc()
+            self.metrics.pool_claimed(pool.spec.name, outcome)
 
     async def start_warm(self, spec: PoolSpec, backend_name: str, image: str) -> AsyncSandbox:
         """One warm sandbox of a pool (network denied; the defaults of the server otherwise)."""
@@ -641,7 +661,7 @@ class Service(AdmitMixin, DatabaseMixin):
                         "server",
                     )
                 if self.metrics is not None:
-                    self.metrics.lease_expiries.labels(entry.grant.tenant, lease.kind).inc()
+                    self.metrics.lease_expired(entry.grant.tenant, lease.kind)
                 await self.destroy(entry, "lease_expired")
             elif entry.deadline <= now:
                 await self.destroy(entry, "deadline")
