@@ -1,7 +1,7 @@
 """Audit events for what a ``remote`` client does over the raw agent channel.
 
 The server relays the agent protocol between a websocket and the agent in the
-sandbox (see :mod:`agentnest.server.app`).  Relaying alone would leave the
+sandbox (see :mod:`agentnest.server.routes.channel`).  Relaying alone would leave the
 server's audit log blind to every command a remote client runs, so the relay
 also reads the frames' headers as they pass: a command, a file written, read
 or removed becomes the same event a local :class:`~agentnest.Sandbox` records
