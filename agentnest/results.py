@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .agent.interpreter import BINARY_MIMES
+from .agent.limits import BINARY_MIMES
 from .errors import ExecutionError, ExecutionTimeoutError
 
 __all__ = [

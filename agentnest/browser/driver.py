@@ -56,7 +56,7 @@ SCREENSHOT_DIR = "screenshots"
 RESULT_MARK = "\x00AGENTNEST-BROWSER\x00"
 #: Largest page text accepted from the sandbox (characters).
 TEXT_LIMIT = 1_000_000
-#: Largest display item the in-sandbox interpreter sends (agent/interpreter.py).
+#: Largest display item the in-sandbox interpreter sends (agent/repl.py).
 DISPLAY_ITEM_LIMIT = 16 * 1024 * 1024
 #: Bounds of one action's timeout (seconds) and of a viewport side (pixels).
 MAX_TIMEOUT = 600.0
