@@ -13,7 +13,7 @@
   ``Sandbox`` through the same server.
 
 One run on loopback: the server runs in a thread of this process (runc, or the backend
-asked for); the SDK runs in its own venv (``agentnest.testing.e2bsdk``, the newest pinned
+asked for); the SDK runs in its own venv (tests/e2b/sdks.py, the newest pinned
 set, built once) as a child process that times each call with ``time.perf_counter`` and
 sends its samples back as JSON.  ``python benchmarks/e2b.py [--quick]`` runs it alone;
 ``python benchmarks/bench.py --only Z`` runs it as a step of the suite.
@@ -224,19 +224,34 @@ def _wait_full(ready: Any) -> None:
         time.sleep(0.005)
 
 
+def _sdks() -> Any:
+    """tests/e2b/sdks.py (the SDK venvs), loaded from its path: as ``e2b.sdks`` its package's
+    name would be this module's own (``from e2b import bench_e2b`` in bench.py)."""
+    import importlib.util
+
+    name = "agentnest_bench_e2b_sdks"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "e2b" / "sdks.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def bench_e2b(backend: str, plan: Plan) -> list[Result]:
     """Z1, Z2, Z3."""
     import httpx
 
     from agentnest import Sandbox
     from agentnest.runtime.remote import RemoteBackend
-    from agentnest.testing.e2bsdk import MATRIX, NEWEST, sdk_venv, stamp, unsupported_reason
 
-    reason = unsupported_reason()
+    sdks = _sdks()
+    reason = sdks.unsupported_reason()
     if reason:
         raise RuntimeError(reason)
-    python = sdk_venv(NEWEST, MATRIX[NEWEST])
-    installed = stamp(python.parent.parent).get("installed")
+    python = sdks.sdk_venv(sdks.NEWEST, sdks.MATRIX[sdks.NEWEST])
+    installed = sdks.stamp(python.parent.parent).get("installed")
     versions = installed if isinstance(installed, dict) else {}
     sdk_label = ", ".join(f"{k} {v}" for k, v in versions.items() if str(k).startswith("e2b"))
     n = plan.warm

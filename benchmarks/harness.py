@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -20,6 +21,13 @@ import docker.errors
 from docker.models.containers import Container
 
 from agentnest import Sandbox
+
+# The doubles of other people's systems (tests/doubles: the Kubernetes cluster, PostgreSQL) are
+# imported as `doubles.*`, as pytest's `pythonpath = ["tests"]` makes them.  Appended, not put first:
+# tests/e2b (a package) must not hide this directory's e2b.py.
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+if str(TESTS) not in sys.path:
+    sys.path.append(str(TESTS))
 
 #: Backend name -> OCI runtime the floor uses.
 BACKENDS: dict[str, str] = {"docker": "runc", "gvisor": "runsc"}

@@ -1,6 +1,6 @@
 """Step K: the Kubernetes backend through the cluster double (issue 13's targets).
 
-The double (``agentnest.testing``: FakeKubeAPI, ClusterState, DockerNode) is the
+The double (tests/doubles/kube: FakeKubeAPI, ClusterState, DockerNode) is the
 apiserver's REST and exec endpoints over TLS on 127.0.0.1, with a node that runs each
 Pod as a container of the local engine (runc, or runsc for ``runtimeClassName:
 gvisor``) and each exec as ``docker exec -i``.  No real cluster is measured: what this
@@ -40,7 +40,7 @@ NS = "agentnest"
 STDOUT_SIZE = 50 * MIB
 STDOUT_CMD = f"head -c {STDOUT_SIZE} /dev/zero"
 BIG_OUTPUT_LIMIT = 64_000_000
-NODE_THREAD = "kubedouble-node"  # agentnest.testing.kubenode.DockerNode.start
+NODE_THREAD = "kubedouble-node"  # doubles.kube.node.DockerNode.start
 #: KubernetesSpec.runtime_class_name per bench backend.
 RUNTIME_CLASS: dict[str, str | None] = {"docker": None, "gvisor": "gvisor"}
 IN_PROCESS = (
@@ -56,9 +56,9 @@ class Double:
     """The cluster double in this process (a thread), as the integration tests build it."""
 
     def __init__(self) -> None:
-        from agentnest.testing.kubeapi import FakeKubeAPI
-        from agentnest.testing.kubecluster import ClusterState
-        from agentnest.testing.kubenode import DockerNode
+        from doubles.kube.apiserver import FakeKubeAPI
+        from doubles.kube.cluster import ClusterState
+        from doubles.kube.node import DockerNode
 
         self.state = ClusterState(node=DockerNode())
         self.state.add_namespace(NS)

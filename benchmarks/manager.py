@@ -33,11 +33,11 @@ import random
 import tempfile
 import time
 
+from doubles.postgres import postgres_server
 from harness import Plan, Result, Series, Target
 
 from agentnest.server.admission import Admission, Grant, Resources
 from agentnest.server.tenants import BANDS, Tenant
-from agentnest.testing.postgres import postgres_server
 
 TENANTS = 50
 QUEUED = 1000

@@ -103,7 +103,7 @@ def postgres_server() -> Iterator[object]:
     Missing binaries skip the test, except under ``make test`` (AGENTNEST_REQUIRE_ENGINE=1),
     which installs them first (scripts/setup-postgres.sh): there it is an error.
     """
-    from agentnest.testing.postgres import postgres_server as start
+    from doubles.postgres import postgres_server as start
 
     try:
         with start() as server:

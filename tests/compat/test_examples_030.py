@@ -47,7 +47,7 @@ SKIPPED: dict[str, str] = {
     ),
 }
 
-#: Run against the Kubernetes cluster double (``agentnest.testing``): each prints its pod's host name.
+#: Run against the Kubernetes cluster double (tests/doubles/kube): each prints its pod's host name.
 THROUGH_CLUSTER_DOUBLE: dict[str, str] = {"kubernetes.py": r"agentnest-[0-9a-f]{12}\n"}
 
 
@@ -92,10 +92,11 @@ def test_the_kubernetes_example_runs_unchanged_on_the_cluster_double(
 ) -> None:
     pytest.importorskip("kubernetes")
     pytest.importorskip("aiohttp")
+    from doubles.kube.apiserver import FakeKubeAPI
+    from doubles.kube.cluster import ClusterState
+    from doubles.kube.node import DockerNode
+
     from agentnest.runtime.docker import base_image
-    from agentnest.testing.kubeapi import FakeKubeAPI
-    from agentnest.testing.kubecluster import ClusterState
-    from agentnest.testing.kubenode import DockerNode
 
     # The node has the example's image (as a node with a registry mirror would).
     state = ClusterState(node=DockerNode(images={"python:3.12-slim": base_image()}))

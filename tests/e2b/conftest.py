@@ -2,7 +2,7 @@
 
 Each test module gets its own server (runc, in a thread) with two tokens (``alice``, the
 SDK's key, and ``bob``, another tenant).  The SDK sets come from
-:data:`agentnest.testing.e2bsdk.MATRIX` (one venv each, built once and cached), or from
+:data:`.sdks.MATRIX` (tests/e2b/sdks.py: one venv each, built once and cached), or from
 ``AGENTNEST_E2B_MATRIX``: ``latest`` for whatever PyPI serves today (``make e2b-latest``),
 or a comma-separated list of the matrix's names.  A scenario of ``sdk_driver.py`` runs in
 the SDK's venv as a child process pointed at the server by ``E2B_API_URL``,
@@ -34,7 +34,7 @@ DRIVER_TIMEOUT = 240.0
 
 def matrix() -> dict[str, tuple[str, ...]]:
     """The SDK sets to run: the pinned matrix, or what ``AGENTNEST_E2B_MATRIX`` names."""
-    from agentnest.testing.e2bsdk import MATRIX, latest_matrix
+    from .sdks import MATRIX, latest_matrix
 
     chosen = os.environ.get("AGENTNEST_E2B_MATRIX", "").strip()
     if not chosen:
@@ -62,7 +62,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def skip_unsupported() -> None:
     """Skip (with the reason printed by ``-ra``) where the SDK cannot run: Python < 3.11."""
-    from agentnest.testing.e2bsdk import unsupported_reason
+    from .sdks import unsupported_reason
 
     reason = unsupported_reason()
     if reason:
@@ -258,7 +258,8 @@ def _text(data: bytes | str | None) -> str:
 def sdk(request: pytest.FixtureRequest, e2b_server: Server) -> SDK:
     """One SDK set (the module's parameter), its venv built on first use."""
     from agentnest.errors import MissingDependencyError
-    from agentnest.testing.e2bsdk import prune, sdk_venv, stamp
+
+    from .sdks import prune, sdk_venv, stamp
 
     skip_unsupported()
     name = str(request.param)

@@ -1,4 +1,4 @@
-"""``agentnest.testing.e2bsdk``: the cached SDK venvs (no engine, no package index)."""
+"""``tests/e2b/sdks.py``: the cached SDK venvs (no engine, no package index)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentnest.errors import ConfigurationError, MissingDependencyError
-from agentnest.testing import e2bsdk
+
+from . import sdks as e2bsdk
 
 
 @pytest.fixture

@@ -88,9 +88,9 @@ def _kubernetes_backends() -> Iterator[None]:
 
     closers: list[Any] = []
     if ON == "kubernetes-double":
-        from agentnest.testing.kubeapi import FakeKubeAPI
-        from agentnest.testing.kubecluster import ClusterState
-        from agentnest.testing.kubenode import DockerNode
+        from doubles.kube.apiserver import FakeKubeAPI
+        from doubles.kube.cluster import ClusterState
+        from doubles.kube.node import DockerNode
 
         node = DockerNode()
         state = ClusterState(node=node)

@@ -1,6 +1,6 @@
 """The fault suite's engine: a private dockerd behind a proxy that can refuse or blackhole.
 
-Faults are injected into that engine only (``agentnest.testing.engine``); the
+Faults are injected into that engine only (``doubles.dockerd``); the
 main engine is never touched.  Every cell (fault x operation) is recorded by
 :class:`Cells`; the terminal summary prints the table and writes it to
 ``.faults-report.json`` in the repository root.
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles.dockerd import BlackholeProxy, PrivateEngine, leftovers
 
 from agentnest.errors import AgentNestError
-from agentnest.testing.engine import BlackholeProxy, PrivateEngine, leftovers
 
 REQUIRE_ENGINE = os.environ.get("AGENTNEST_REQUIRE_ENGINE") == "1"
 

@@ -1,6 +1,6 @@
 """The fault matrix (issue 17): every public operation under injected engine and agent faults
 either succeeds or raises an ``AgentNestError`` in bounded time; never a raw requests/urllib3/
-OSError, never a hang.  Faults go to a private dockerd (``agentnest.testing.engine``), runc only.
+OSError, never a hang.  Faults go to a private dockerd (``doubles.dockerd``), runc only.
 
 Each test injects one fault, runs every operation as a cell (``conftest.Cells``: a thread with a
 hard cap, so a hang is recorded instead of freezing the suite), recovers and checks the sandbox

@@ -1,6 +1,6 @@
 """The Kubernetes backend end to end, through the cluster double, on the real engine.
 
-The double (``agentnest.testing``) is the apiserver's REST and exec endpoints
+The double (tests/doubles/kube) is the apiserver's REST and exec endpoints
 over TLS, with a node that runs each admitted Pod as a container of the local
 Docker engine: runc for a pod without a RuntimeClass, runsc for
 ``runtimeClassName: gvisor``.  So the backend's manifests, its API calls, the
@@ -23,6 +23,10 @@ import pytest
 pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
 
+from doubles.kube.apiserver import FakeKubeAPI
+from doubles.kube.cluster import ClusterState
+from doubles.kube.node import DockerNode
+
 from agentnest import Sandbox, SecurityPolicy
 from agentnest.errors import ConfigurationError, SandboxDestroyedError, VerificationError
 from agentnest.events import EventType, MemoryObserver
@@ -33,9 +37,6 @@ from agentnest.runtime.kubernetes import KubernetesSpec, manifests
 from agentnest.runtime.kubernetes.backend import KubernetesBackend
 from agentnest.secrets import Secret
 from agentnest.testing.contract import BackendContract
-from agentnest.testing.kubeapi import FakeKubeAPI
-from agentnest.testing.kubecluster import ClusterState
-from agentnest.testing.kubenode import DockerNode
 from agentnest.testing.wait import wait_until
 
 NS = "agentnest"

@@ -26,11 +26,12 @@ import pytest
 pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
 
+from doubles.kube.node import LABEL
+
 from agentnest import NetworkPolicy, Sandbox, SecurityPolicy
 from agentnest.runtime.docker import base_image
 from agentnest.runtime.kubernetes import KubernetesSpec, manifests
 from agentnest.runtime.kubernetes.backend import KubernetesBackend
-from agentnest.testing.kubenode import LABEL
 from agentnest.testing.wait import wait_until
 
 from .test_egress import BYPASS, FETCH, HostService, certs, host_addresses, server, stats  # noqa: F401

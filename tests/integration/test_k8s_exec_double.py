@@ -1,7 +1,7 @@
 """The exec websocket client through the fake apiserver over TLS, and the fake checked by kubectl.
 
 No cluster and no container engine: the fake's "pod" runs commands as local
-processes (:class:`agentnest.testing.kubeapi.LocalPod`).  The real ``kubectl``
+processes (:class:`doubles.kube.apiserver.LocalPod`).  The real ``kubectl``
 (client-go's v5 websocket executor) talking to the same fake is what keeps
 the fake honest.
 """
@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles.kube.apiserver import FakeKubeAPI
 
 from agentnest.errors import BackendError, SandboxDestroyedError
 from agentnest.runtime.kubernetes import connection, execproto, wsexec
 from agentnest.runtime.kubernetes.connection import ExecTarget
 from agentnest.runtime.kubernetes.execproto import ExecFailedError, ExecStreamLostError
 from agentnest.runtime.kubernetes.wsexec import AsyncExecStream, ExecStream
-from agentnest.testing.kubeapi import FakeKubeAPI
 from agentnest.testing.wait import wait_until
 
 NS = "sandboxes"
@@ -274,7 +274,7 @@ def test_tls_is_verified(api: FakeKubeAPI, target: ExecTarget) -> None:
 
 
 def test_the_fake_makes_its_certificates_with_openssl_too(tmp_path: Path) -> None:
-    from agentnest.testing import kubeapi
+    from doubles.kube import apiserver as kubeapi
 
     if shutil.which("openssl") is None:
         pytest.skip("no openssl command")

@@ -21,6 +21,10 @@ import pytest
 pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
 
+from doubles.kube.apiserver import FakeKubeAPI
+from doubles.kube.cluster import ClusterState
+from doubles.kube.node import DockerNode
+
 from agentnest.runtime.docker import base_image
 from agentnest.runtime.kubernetes import KubernetesSpec, manifests
 from agentnest.runtime.kubernetes.backend import KubernetesBackend
@@ -29,9 +33,6 @@ from agentnest.server.auth import Ceiling, TokenStore
 from agentnest.server.settings import ServerSettings
 from agentnest.server.tenants import Tenant
 from agentnest.server.thread import serve_in_thread
-from agentnest.testing.kubeapi import FakeKubeAPI
-from agentnest.testing.kubecluster import ClusterState
-from agentnest.testing.kubenode import DockerNode
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 

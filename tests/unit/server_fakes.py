@@ -1,7 +1,7 @@
 """Shared by the server's unit tests: a backend whose sandboxes are local agent processes.
 
 Each sandbox is a directory with the real agent running unsandboxed in it
-(``agentnest.testing.process.LocalAgent``), so the server, the guard, the
+(``doubles.local_agent.LocalAgent``), so the server, the guard, the
 channel and the remote backend all run for real without an engine.  It
 isolates nothing: tests only ever run harmless commands through it.
 """
@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from doubles import local_agent as process
+
 from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
 from agentnest.server.app import ServerSettings
 from agentnest.server.auth import Ceiling, TokenStore
-from agentnest.testing import process
 
 IMAGE = "local/test:1"
 

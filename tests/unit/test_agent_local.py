@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles.local_agent import LocalAgent
 
 from agentnest.agent import loop
 from agentnest.agent.wire import PROTOCOL_VERSION, Decoder, encode
@@ -34,7 +35,6 @@ from agentnest.channel.protocol import HOST_MAX_BODY, RawExit
 from agentnest.errors import ChannelError, FileAccessError
 from agentnest.runtime import bootstrap
 from agentnest.testing.peer import Peer
-from agentnest.testing.process import LocalAgent
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,7 +1,7 @@
 """AsyncSandbox (aio.py) over the real agent, run as an unsandboxed child process.
 
 A tiny backend in this file puts each sandbox's agent in a temporary
-directory on this machine (``agentnest.testing.process.LocalAgent``), so the
+directory on this machine (``doubles.local_agent.LocalAgent``), so the
 async face, the guard and the channel all run for real without an engine.
 Commands here are harmless; every command whose processes are checked
 carries a unique environment tag, and what survives a test is killed by the
@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 import pytest
+from doubles.local_agent import LocalAgent
 from server_fakes import tagged
 
 from agentnest import (
@@ -44,7 +45,6 @@ from agentnest.config import SandboxConfig
 from agentnest.guard import ApprovalRequest
 from agentnest.policy import SecurityPolicy
 from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
-from agentnest.testing.process import LocalAgent
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

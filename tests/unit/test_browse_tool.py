@@ -1,7 +1,7 @@
 """The browse tool without an engine: formatting, refusals, errors as answers, the MCP wiring.
 
 Sandboxes are directories with the real agent as a local child process
-(``agentnest.testing.process.LocalBackend``); the browser itself is a fake
+(``doubles.local_agent.LocalBackend``); the browser itself is a fake
 (``sandbox.browser`` patched) except where the test is that a sandbox
 without Playwright answers with a clear error.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles.local_agent import LocalBackend
 
 from agentnest import (
     ConfigurationError,
@@ -31,7 +32,6 @@ from agentnest.integrations._browse import CONSOLE_SHOWN, format_browse, is_brow
 from agentnest.mcp import SandboxService, ServerSettings, build_server
 from agentnest.mcp.browse import check_presets, preset_sandbox_kwargs, tool_result
 from agentnest.session import DisplayItem
-from agentnest.testing.process import LocalBackend
 
 pytestmark = pytest.mark.timeout(120)
 

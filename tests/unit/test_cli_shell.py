@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles.local_agent import LocalAgent, LocalBackend
 
 from agentnest.channel.client import Channel, ExecHandle
 from agentnest.cli import build_parser, main
@@ -30,12 +31,12 @@ from agentnest.cli import shell as shell_cmd
 from agentnest.cli._output import is_terminal, print_table, status
 from agentnest.errors import ChannelError
 from agentnest.runtime import bootstrap, registry
-from agentnest.testing.process import LocalAgent, LocalBackend
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 WAIT = 15.0
+TESTS = str(Path(__file__).resolve().parents[1])  # where `doubles` is, for the child processes
 
 
 def alive(pid: int) -> bool:
@@ -312,7 +313,7 @@ def test_shell_without_a_terminal_reads_commands_from_stdin(
     script.write_text("echo out-$((2 + 3))\necho err >&2\nexit 6\n")
     code = (
         "import sys; from agentnest.cli import main; from agentnest.runtime import registry; "
-        "from agentnest.testing.process import LocalBackend; "
+        f"sys.path.insert(0, {TESTS!r}); from doubles.local_agent import LocalBackend; "
         f"registry._shared['docker'] = LocalBackend({str(tmp_path)!r}); "
         "sys.exit(main(['shell', '--', 'sh']))"
     )
@@ -329,7 +330,8 @@ SHELL_CHILD = """\
 import sys
 from agentnest.cli import main
 from agentnest.runtime import registry
-from agentnest.testing.process import LocalBackend
+sys.path.insert(0, sys.argv[2])  # tests/, where doubles is
+from doubles.local_agent import LocalBackend
 backend = LocalBackend(sys.argv[1])
 registry._shared["docker"] = backend
 code = main(["shell", "--", "sh", "-i"])
@@ -349,7 +351,7 @@ def run_in_terminal(
     pid, master = pty.fork()
     if pid == 0:  # pragma: no cover - the child
         try:
-            os.execve(sys.executable, [sys.executable, "-c", SHELL_CHILD, str(tmp_path)], env)
+            os.execve(sys.executable, [sys.executable, "-c", SHELL_CHILD, str(tmp_path), TESTS], env)
         finally:
             os._exit(127)
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", size[0], size[1], 0, 0))

@@ -1,7 +1,7 @@
 """Integrations (SandboxRunner, LangChain, smolagents) and git helpers, without an engine.
 
 ``LocalBackend`` below runs each sandbox's real agent as a plain child process
-in a temporary directory (``agentnest.testing.process.LocalAgent``), so the
+in a temporary directory (``doubles.local_agent.LocalAgent``), so the
 runner, the guard, the channel and the Python sessions run for real.  The
 frameworks are the real libraries: LangChain's ``StructuredTool`` is invoked
 directly and smolagents' ``CodeAgent`` runs with a scripted ``Model`` that
@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 import pytest
+from doubles.local_agent import LocalAgent
 
 from agentnest import (
     AsyncSandbox,
@@ -50,7 +51,6 @@ from agentnest.guard import ApprovalRequest
 from agentnest.integrations import RunOutput, SandboxRunner
 from agentnest.integrations._text import bound_text
 from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
-from agentnest.testing.process import LocalAgent
 
 pytestmark = pytest.mark.timeout(120)
 

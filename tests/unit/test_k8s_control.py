@@ -18,6 +18,9 @@ import pytest
 pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
 
+from doubles.kube.apiserver import FakeKubeAPI
+from doubles.kube.cluster import ClusterState, Node, NullNode
+
 from agentnest.config import SandboxConfig
 from agentnest.errors import (
     BackendError,
@@ -35,8 +38,6 @@ from agentnest.runtime.kubernetes.connection import KubeConnection, from_kube_co
 from agentnest.runtime.kubernetes.kubeconfig import load
 from agentnest.runtime.kubernetes.rest import KubeRest
 from agentnest.secrets import Secret
-from agentnest.testing.kubeapi import FakeKubeAPI
-from agentnest.testing.kubecluster import ClusterState, Node, NullNode
 from agentnest.testing.wait import wait_until
 
 NS = "agentnest"

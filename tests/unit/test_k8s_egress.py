@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from doubles.kube.node import link_name, pod_network
 
 from agentnest.config import SandboxConfig
 from agentnest.egress.proxy import EVENT_READY
@@ -21,7 +22,6 @@ from agentnest.policy import NetworkPolicy
 from agentnest.runtime.egresslog import EgressLog
 from agentnest.runtime.kubernetes import KubernetesSpec, manifests
 from agentnest.runtime.kubernetes.egress import ProxyLogFollower, split_timestamp
-from agentnest.testing.kubenode import link_name, pod_network
 from agentnest.testing.wait import wait_until
 
 

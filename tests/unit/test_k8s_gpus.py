@@ -16,13 +16,14 @@ import pytest
 pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
 
+from doubles.kube.apiserver import FakeKubeAPI
+from doubles.kube.cluster import ClusterState, NullNode
+
 from agentnest.config import ResourceLimits, SandboxConfig
 from agentnest.errors import UnsupportedCapabilityError
 from agentnest.runtime.base import Capability
 from agentnest.runtime.kubernetes import KubernetesSpec
 from agentnest.runtime.kubernetes.backend import KubernetesBackend
-from agentnest.testing.kubeapi import FakeKubeAPI
-from agentnest.testing.kubecluster import ClusterState, NullNode
 
 NS = "agentnest"
 

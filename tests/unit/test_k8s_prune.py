@@ -14,12 +14,13 @@ import pytest
 pytest.importorskip("kubernetes")
 pytest.importorskip("aiohttp")
 
+from doubles.kube.apiserver import FakeKubeAPI
+from doubles.kube.cluster import ClusterState, NullNode
+
 from agentnest.cli import main
 from agentnest.config import SandboxConfig
 from agentnest.runtime.kubernetes import KubernetesBackend, KubernetesSpec, manifests
 from agentnest.secrets import Secret
-from agentnest.testing.kubeapi import FakeKubeAPI
-from agentnest.testing.kubecluster import ClusterState, NullNode
 
 NS = "agentnest"
 

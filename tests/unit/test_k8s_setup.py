@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from doubles.kube.apiserver import FakeKubeAPI
+from doubles.kube.cluster import ClusterState, NullNode
 
 from agentnest.cli import main
 from agentnest.runtime.kubernetes.manifests import MANAGED_BY
-from agentnest.testing.kubeapi import FakeKubeAPI
-from agentnest.testing.kubecluster import ClusterState, NullNode
 
 NS = "tenant-a"
 KINDS = [

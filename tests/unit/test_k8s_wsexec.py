@@ -264,7 +264,8 @@ def test_from_kube_config_reads_tls_auth_and_proxy_and_refreshes_the_token() -> 
 
 def test_importing_the_client_loads_neither_kubernetes_nor_websockets() -> None:
     code = (
-        "import sys, agentnest, agentnest.runtime.kubernetes.wsexec, agentnest.testing.kubeapi\n"
+        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"  # tests/: doubles
+        "import agentnest, agentnest.runtime.kubernetes.wsexec, doubles.kube.apiserver\n"
         "bad = [m for m in ('kubernetes', 'websockets', 'aiohttp') if m in sys.modules]\n"
         "assert not bad, bad"
     )
@@ -276,7 +277,7 @@ def test_a_server_that_never_answers_the_upgrade_times_out_never_hangs(tmp_path:
     # thread with no application data; its read then blocked, and a timed-out
     # handshake waited for that thread forever (websockets 17.4).
     pytest.importorskip("websockets")
-    from agentnest.testing.kubeapi import _make_tls
+    from doubles.kube.apiserver import _make_tls
 
     ca, cert, key = _make_tls(tmp_path)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -1,7 +1,7 @@
 """agentnest mcp without an engine: the service's limits and ceilings, and its MCP face.
 
 Sandboxes here are directories with the real agent running as a local child
-process (``agentnest.testing.process.LocalAgent``), so the guard, the channel
+process (``doubles.local_agent.LocalAgent``), so the guard, the channel
 and the agent run for real; the MCP face is driven by the SDK's own client
 connected in-process.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles.local_agent import LocalBackend
 
 from agentnest import (
     ConfigurationError,
@@ -37,7 +38,6 @@ from agentnest.mcp import (
     ServerSettings,
     build_server,
 )
-from agentnest.testing.process import LocalBackend
 
 pytestmark = pytest.mark.timeout(120)
 

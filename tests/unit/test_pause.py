@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from doubles import local_agent as process
 
 from agentnest import (
     MemoryObserver,
@@ -28,7 +29,6 @@ from agentnest.channel import client
 from agentnest.channel.streams import ByteStream
 from agentnest.config import SandboxConfig
 from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
-from agentnest.testing import process
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)

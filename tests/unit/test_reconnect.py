@@ -13,13 +13,13 @@ import threading
 import time
 
 import pytest
+from doubles.local_agent import LocalAgent
 
 from agentnest.agent import wire
 from agentnest.channel.client import Channel, ExecHandle
 from agentnest.channel.protocol import RawExit, RawSessionRun, RawValue
 from agentnest.channel.streams import ByteStream, SocketStream
 from agentnest.runtime import bootstrap
-from agentnest.testing.process import LocalAgent
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from doubles.postgres import PostgresServer
+from doubles.postgres import postgres_server as start_postgres
 from server_fakes import IMAGE, LocalBackend, auth, make_settings
 
 from agentnest.server.app import create_app
 from agentnest.server.auth import Ceiling
 from agentnest.server.thread import serve_in_thread
-from agentnest.testing.postgres import PostgresServer
-from agentnest.testing.postgres import postgres_server as start_postgres
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles.local_agent import LocalAgent, LocalBackend
 
 from agentnest import (
     ConfigurationError,
@@ -57,7 +58,6 @@ from agentnest.errors import ChannelError
 from agentnest.guard import ApprovalRequest
 from agentnest.runtime import bootstrap
 from agentnest.testing.peer import Peer as BasePeer
-from agentnest.testing.process import LocalAgent, LocalBackend
 
 pytestmark = pytest.mark.timeout(60)
 

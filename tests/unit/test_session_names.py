@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles.local_agent import LocalAgent, LocalBackend
 
 from agentnest import (
     ConfigurationError,
@@ -42,7 +43,6 @@ from agentnest.runtime import bootstrap
 from agentnest.runtime.base import SandboxHandle
 from agentnest.session import check_name
 from agentnest.testing.peer import Peer
-from agentnest.testing.process import LocalAgent, LocalBackend
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,7 +1,7 @@
 """Sandbox.stat and Sandbox.rename: the agent's ``move`` and the host's face, without an engine.
 
 ``Workspace.move`` is called directly on a temporary directory (the agent's pure
-file logic); the host side runs over :class:`~agentnest.testing.process.LocalBackend`,
+file logic); the host side runs over :class:`~doubles.local_agent.LocalBackend`,
 the real agent as an unsandboxed child.  tests/integration/test_files_stat_rename.py
 runs the same operations in real sandboxes on runc and runsc.
 """
@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from doubles.local_agent import LocalBackend
 
 from agentnest import (
     FileAccessError,
@@ -26,7 +27,6 @@ from agentnest.agent import loop
 from agentnest.agent.files import FileError, Workspace
 from agentnest.approvals import ApprovalRule, RuleApprover
 from agentnest.errors import ChannelError
-from agentnest.testing.process import LocalBackend
 
 # -- Workspace.move: the agent's logic ---------------------------------------------------
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from doubles.local_agent import LocalBackend
 
 from agentnest import (
     Artifact,
@@ -50,7 +51,6 @@ from agentnest import (
 )
 from agentnest.guard import ApprovalRequest
 from agentnest.runtime.base import Capability
-from agentnest.testing.process import LocalBackend
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,7 +19,7 @@ log, and a dropped stream loses no command or session: the next exec reaches
 the same agent.
 
 What runs where was verified against the cluster double in
-``agentnest.testing`` only (no cluster can run where AgentNest is built);
+tests/doubles/kube only (no cluster can run where AgentNest is built);
 docs/kubernetes.md says what that covers.
 """
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from .wait import wait_until
+from agentnest.testing.wait import wait_until
 
 __all__ = ["BlackholeProxy", "PrivateEngine", "leftovers"]
 

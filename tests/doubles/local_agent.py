@@ -17,10 +17,10 @@ import time
 import uuid
 from pathlib import Path
 
-from ..channel.streams import ByteStream, SocketStream
-from ..config import SandboxConfig
-from ..runtime import bootstrap
-from ..runtime.base import Capability, RuntimeBackend, SandboxHandle
+from agentnest.channel.streams import ByteStream, SocketStream
+from agentnest.config import SandboxConfig
+from agentnest.runtime import bootstrap
+from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
 
 #: What a :class:`LocalBackend` claims by default.  It enforces none of it:
 #: it exists so that pure logic (the guard, the channel, state handling) can

@@ -35,7 +35,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from ..errors import ConfigurationError, MissingDependencyError
+from agentnest.errors import ConfigurationError, MissingDependencyError
 
 #: The pinned SDK sets the acceptance suite (tests/e2b) runs against, by name.
 #:

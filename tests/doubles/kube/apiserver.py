@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .kubecluster import ClusterState
+    from .cluster import ClusterState
 
 V5 = "v5.channel.k8s.io"
 V4 = "v4.channel.k8s.io"
@@ -169,7 +169,7 @@ _DISCOVERY: dict[str, dict[str, Any]] = {
 
 
 def _status(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    from .kubecluster import status_doc
+    from .cluster import status_doc
 
     return status_doc(code, reason, message, details)
 
@@ -318,7 +318,7 @@ class FakeKubeAPI:
             with ``TranslateStreamCloseWebsocketRequests`` off).
         directory: where the CA, certificate and kubeconfig go (a temporary
             directory by default, removed on :meth:`stop`).
-        cluster: a :class:`~agentnest.testing.kubecluster.ClusterState` whose
+        cluster: a :class:`~doubles.kube.cluster.ClusterState` whose
             REST API this server also serves; then its pods are the ones exec
             reaches (through ``cluster.node.exec_argv``), its ``denied`` set
             applies to ``("create", "pods/exec")``, and :meth:`add_pod` is
@@ -441,7 +441,7 @@ class FakeKubeAPI:
         app.router.add_get("/apis", self._discovery)
         app.router.add_get("/version", self._discovery)
         if self.cluster is not None:
-            from .kubecluster import add_routes
+            from .cluster import add_routes
 
             self.cluster.loop = asyncio.get_running_loop()
             add_routes(app, self.cluster, token=self.token)

@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..runtime.docker.egress import DEFAULT_SUBNETS, draw_subnets
-from .kubecluster import ClusterState, Node, parse_quantity
+from agentnest.runtime.docker.egress import DEFAULT_SUBNETS, draw_subnets
+
+from .cluster import ClusterState, Node, parse_quantity
 
 __all__ = ["DockerNode", "PodNetwork", "pod_network"]
 
@@ -580,12 +581,12 @@ class DockerNode(Node):
             for c in self.client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
                 try:
                     c.remove(force=True)
-                except Exception:  # noqa: S112 - best effort: the test's own cleanup
+                except Exception:  # best effort: the test's own cleanup
                     continue
             for n in self.client.networks.list(filters={"label": LABEL}):
                 try:
                     n.remove()
-                except Exception:  # noqa: S112 - best effort: the test's own cleanup
+                except Exception:  # best effort: the test's own cleanup
                     continue
         finally:
             with self._lock:

@@ -18,7 +18,7 @@ relies on, as research/kubernetes.md lists them from the apiserver's sources —
 * deleting a Pod collects the objects it owns (``ownerReferences``).
 
 What runs a Pod is a :class:`Node`: :class:`NullNode` marks it Running (for
-control-plane tests), :class:`DockerNode` (in :mod:`agentnest.testing.kubenode`)
+control-plane tests), :class:`DockerNode` (in :mod:`doubles.kube.node`)
 runs it as a container on the local engine, so the real agent runs under the
 pod's security context and the exec endpoint reaches it.
 
