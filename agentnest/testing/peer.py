@@ -1,8 +1,9 @@
-"""A hand-played agent for tests of the host side of the channel (tests only).
+"""A hand-played agent for tests of the host side of the channel.
 
 ``Peer`` is the far end of a socketpair: a test sends whatever frames it likes
 (valid, malformed, hostile) and reads what the host sent, to check that the host
-trusts nothing it receives.
+trusts nothing it receives.  It doubles AgentNest's own agent, so it ships with
+:class:`~agentnest.testing.fake.FakeBackend`, whose scripted agent is one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ WAIT = 10.0
 class Peer:
     """The far end of a socketpair, playing a (misbehaving) agent by hand."""
 
-    def __init__(self, wait: float = WAIT) -> None:
+    def __init__(self, wait: float | None = WAIT) -> None:
         host, self.sock = socket.socketpair()
         self.sock.settimeout(wait)
         self.stream = SocketStream(host)

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from agentnest.channel.streams import ByteStream, SocketStream
 from agentnest.config import SandboxConfig
@@ -103,32 +104,52 @@ class LocalBackend(RuntimeBackend):
 
     For unit tests only: it isolates nothing and enforces nothing it claims
     (``caps``, :data:`LOCAL_CAPABILITIES` by default).  ``created``,
-    ``destroyed`` and ``agents`` let tests see what happened.
+    ``destroyed`` and ``agents`` let tests see what happened.  The one
+    backend of the tests that runs the real agent; a test that only needs
+    scripted replies uses :class:`agentnest.testing.fake.FakeBackend`.
     """
 
     name = "local"
 
-    def __init__(self, root: str | os.PathLike[str], caps: frozenset[Capability] | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        caps: frozenset[Capability] | None = None,
+        *,
+        environment: bool = False,
+    ) -> None:
         self.root = Path(root)
         self.caps = LOCAL_CAPABILITIES if caps is None else caps
+        #: Give each agent the sandbox's environment (secrets included), as an engine does.
+        self.environment = environment
         self.agents: dict[str, list[LocalAgent]] = {}
         self.created: list[str] = []
         self.destroyed: list[str] = []
+        #: ``create`` sets ``creating``, then waits (up to a minute) for ``gate``: clear it to
+        #: hold provisioning "in the engine".
+        self.creating = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
         self._lock = threading.Lock()
 
     def capabilities(self) -> frozenset[Capability]:
         return self.caps
 
     def create(self, config: SandboxConfig) -> SandboxHandle:
+        self.creating.set()
+        self.gate.wait(60.0)
         sid = uuid.uuid4().hex[:12]
         workspace = self.root / sid
         workspace.mkdir()
         with self._lock:
             self.created.append(sid)
-        return SandboxHandle(sid, self.name, time.time() + config.lifetime, {"workspace": str(workspace)})
+        info: dict[str, Any] = {"workspace": str(workspace)}
+        if self.environment:
+            info["env"] = {**os.environ, **config.container_environment()}
+        return SandboxHandle(sid, self.name, time.time() + config.lifetime, info)
 
     def open_channel(self, handle: SandboxHandle) -> ByteStream:
-        agent = LocalAgent(handle.info["workspace"])
+        agent = LocalAgent(handle.info["workspace"], env=handle.info.get("env"))
         with self._lock:
             self.agents.setdefault(handle.id, []).append(agent)
         return agent.stream

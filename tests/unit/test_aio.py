@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 import pytest
-from doubles.local_agent import LocalAgent
+from doubles.local_agent import LocalBackend
 from server_fakes import tagged
 
 from agentnest import (
@@ -40,11 +40,9 @@ from agentnest import (
     SandboxEvent,
 )
 from agentnest.aio import _LoopBridge
-from agentnest.channel.streams import ByteStream
-from agentnest.config import SandboxConfig
 from agentnest.guard import ApprovalRequest
 from agentnest.policy import SecurityPolicy
-from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
+from agentnest.runtime.base import Capability
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -56,44 +54,8 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class LocalBackend(RuntimeBackend):
-    """Each sandbox is a LocalAgent in its own directory (tests only: isolates nothing)."""
-
-    name = "local-test"
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.agents: dict[str, LocalAgent] = {}
-        self.destroyed: list[str] = []
-        self.creating = threading.Event()
-        self.gate = threading.Event()
-        self.gate.set()
-
-    def capabilities(self) -> frozenset[Capability]:
-        return frozenset({Capability.NETWORK_DENIED, Capability.RESOURCE_LIMITS, Capability.READ_ONLY_ROOT})
-
-    def create(self, config: SandboxConfig) -> SandboxHandle:
-        self.creating.set()
-        self.gate.wait(WAIT)
-        sid = uuid.uuid4().hex[:12]
-        workspace = self.root / sid
-        workspace.mkdir()
-        return SandboxHandle(sid, self.name, time.time() + config.lifetime, {"workspace": str(workspace)})
-
-    def open_channel(self, handle: SandboxHandle) -> ByteStream:
-        agent = LocalAgent(handle.info["workspace"])
-        self.agents[handle.id] = agent
-        return agent.stream
-
-    def is_running(self, handle: SandboxHandle) -> bool:
-        agent = self.agents.get(handle.id)
-        return agent is not None and agent.proc.poll() is None
-
-    def destroy(self, handle: SandboxHandle) -> None:
-        agent = self.agents.pop(handle.id, None)
-        if agent is not None:
-            agent.kill()
-            self.destroyed.append(handle.id)
+#: What these tests' backend claims (it enforces none of it).
+CAPS = frozenset({Capability.NETWORK_DENIED, Capability.RESOURCE_LIMITS, Capability.READ_ONLY_ROOT})
 
 
 async def wait_for(predicate: Callable[[], Any], what: str, within: float = WAIT) -> None:
@@ -123,7 +85,7 @@ def tag() -> Iterator[str]:
 
 @pytest.fixture
 def backend(tmp_path: Path) -> LocalBackend:
-    return LocalBackend(tmp_path)
+    return LocalBackend(tmp_path, CAPS)
 
 
 @pytest.fixture

@@ -26,10 +26,8 @@ from agentnest.approvals import (
     deny_all,
     describe,
 )
-from agentnest.channel.streams import ByteStream
 from agentnest.cli import main
 from agentnest.cli.run import PROMPT_TIMEOUT, sandbox_options
-from agentnest.config import SandboxConfig
 from agentnest.errors import (
     ConfigurationError,
     PolicyDeniedError,
@@ -39,7 +37,8 @@ from agentnest.errors import (
 from agentnest.events import MemoryObserver
 from agentnest.policy import NetworkPolicy, SecurityPolicy
 from agentnest.profiles import load_profiles, load_rules
-from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
+from agentnest.runtime.base import Capability
+from agentnest.testing.fake import FakeBackend
 
 FULL = frozenset(
     {
@@ -55,32 +54,11 @@ class Created(Exception):
     """Raised by the recording backend once it has the config: proof that create() was called."""
 
 
-class RecordingBackend(RuntimeBackend):
+class RecordingBackend(FakeBackend):
     """Records the config it is asked to create, then stops (no sandbox is needed for these tests)."""
 
-    name = "recording"
-
     def __init__(self, caps: frozenset[Capability] = FULL, runtime: str | None = "runc") -> None:
-        self.caps = caps
-        self.runtime = runtime
-        self.configs: list[SandboxConfig] = []
-
-    def capabilities(self) -> frozenset[Capability]:
-        return self.caps
-
-    @property
-    def oci_runtime(self) -> str | None:
-        return self.runtime
-
-    def create(self, config: SandboxConfig) -> SandboxHandle:
-        self.configs.append(config)
-        raise Created
-
-    def open_channel(self, handle: SandboxHandle) -> ByteStream:
-        raise NotImplementedError
-
-    def destroy(self, handle: SandboxHandle) -> None:
-        pass
+        super().__init__(caps=caps, oci_runtime=runtime, refuse=Created)
 
 
 def request(kind: str = "exec", **details: Any) -> ApprovalRequest:

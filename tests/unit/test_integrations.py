@@ -18,14 +18,13 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from doubles.local_agent import LocalAgent
+from doubles.local_agent import LocalBackend
 
 from agentnest import (
     AsyncSandbox,
@@ -36,8 +35,6 @@ from agentnest import (
     SandboxDestroyedError,
     Secret,
 )
-from agentnest.channel.streams import ByteStream
-from agentnest.config import SandboxConfig
 from agentnest.git import (
     DiffFile,
     GitError,
@@ -50,7 +47,7 @@ from agentnest.git import (
 from agentnest.guard import ApprovalRequest
 from agentnest.integrations import RunOutput, SandboxRunner
 from agentnest.integrations._text import bound_text
-from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
+from agentnest.runtime.base import Capability
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,44 +55,13 @@ WAIT = 15.0
 TOKEN = "tok-3x4mpl3-V4lu3-9f2c"  # a test secret
 
 
-class LocalBackend(RuntimeBackend):
-    """Each sandbox is a LocalAgent in its own directory (tests only: isolates nothing)."""
-
-    name = "local-test"
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.agents: dict[str, LocalAgent] = {}
-
-    def capabilities(self) -> frozenset[Capability]:
-        return frozenset({Capability.NETWORK_DENIED, Capability.RESOURCE_LIMITS, Capability.READ_ONLY_ROOT})
-
-    def create(self, config: SandboxConfig) -> SandboxHandle:
-        sid = uuid.uuid4().hex[:12]
-        workspace = self.root / sid
-        workspace.mkdir()
-        info = {"workspace": str(workspace), "env": {**os.environ, **config.container_environment()}}
-        return SandboxHandle(sid, self.name, time.time() + config.lifetime, info)
-
-    def open_channel(self, handle: SandboxHandle) -> ByteStream:
-        # As an engine does: the sandbox's environment (secrets included) is the agent's.
-        agent = LocalAgent(handle.info["workspace"], env=handle.info["env"])
-        self.agents[handle.id] = agent
-        return agent.stream
-
-    def is_running(self, handle: SandboxHandle) -> bool:
-        agent = self.agents.get(handle.id)
-        return agent is not None and agent.proc.poll() is None
-
-    def destroy(self, handle: SandboxHandle) -> None:
-        agent = self.agents.pop(handle.id, None)
-        if agent is not None:
-            agent.kill()
+#: What these tests' backend claims (it enforces none of it).
+CAPS = frozenset({Capability.NETWORK_DENIED, Capability.RESOURCE_LIMITS, Capability.READ_ONLY_ROOT})
 
 
 @pytest.fixture
 def backend(tmp_path: Path) -> LocalBackend:
-    return LocalBackend(tmp_path)
+    return LocalBackend(tmp_path, CAPS, environment=True)
 
 
 @pytest.fixture

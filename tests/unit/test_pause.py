@@ -26,9 +26,8 @@ from agentnest import (
     UnsupportedCapabilityError,
 )
 from agentnest.channel import client
-from agentnest.channel.streams import ByteStream
-from agentnest.config import SandboxConfig
-from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
+from agentnest.runtime.base import Capability, SandboxHandle
+from agentnest.testing.fake import FakeBackend
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -148,23 +147,11 @@ def test_pause_without_the_capability_names_the_fix(tmp_path: Path) -> None:
 
 
 def test_the_default_backend_refuses_pause() -> None:
-    class Bare(RuntimeBackend):
-        name = "bare"
-
-        def create(self, config: SandboxConfig) -> SandboxHandle:
-            raise NotImplementedError
-
-        def open_channel(self, handle: SandboxHandle) -> ByteStream:
-            raise NotImplementedError
-
-        def destroy(self, handle: SandboxHandle) -> None:
-            pass
-
     handle = SandboxHandle("x", "bare", 0.0)
     with pytest.raises(UnsupportedCapabilityError, match="cannot pause"):
-        Bare().pause(handle)
+        FakeBackend().pause(handle)  # RuntimeBackend's own pause and resume
     with pytest.raises(UnsupportedCapabilityError):
-        Bare().resume(handle)
+        FakeBackend().resume(handle)
 
 
 def test_pause_of_a_destroyed_sandbox(sandbox: Sandbox) -> None:

@@ -20,22 +20,16 @@ from agentnest import (
     NetworkPolicy,
     SecurityPolicy,
 )
-from agentnest.channel.streams import ByteStream
-from agentnest.config import MiB, SandboxConfig
-from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
+from agentnest.config import MiB
+from agentnest.runtime.base import Capability
+from agentnest.testing.fake import FakeBackend
 
 
-class Refusing(RuntimeBackend):
+class Refusing(FakeBackend):
     """Records each config, then fails creating it with ``error``."""
 
-    name = "refusing"
-
     def __init__(self, error: Exception) -> None:
-        self.error = error
-        self.configs: list[SandboxConfig] = []
-
-    def capabilities(self) -> frozenset[Capability]:
-        return frozenset(
+        caps = frozenset(
             {
                 Capability.NETWORK_DENIED,
                 Capability.EGRESS_DOMAINS,
@@ -44,16 +38,7 @@ class Refusing(RuntimeBackend):
                 Capability.GPU,
             }
         )
-
-    def create(self, config: SandboxConfig) -> SandboxHandle:
-        self.configs.append(config)
-        raise self.error
-
-    def open_channel(self, handle: SandboxHandle) -> ByteStream:
-        raise AssertionError("never created")
-
-    def destroy(self, handle: SandboxHandle) -> None:
-        raise AssertionError("never created")
+        super().__init__(caps=caps, refuse=error)
 
 
 def test_module_keeps_0_3_0_names_and_signatures() -> None:

@@ -1,7 +1,7 @@
 """The warm-spare registry's logic (agentnest.state.spares), without an engine.
 
-A spare here is a handle from a fake backend whose "agent" is a hand-played
-:class:`~agentnest.testing.peer.Peer`: the registry connects a real
+A spare here is a handle from a fake backend whose "agent" is the scripted one of
+:class:`~agentnest.testing.fake.FakeBackend`: the registry connects a real
 :class:`~agentnest.channel.client.Channel` to it (bundle out, hello back),
 so liveness is the channel's own.  Each test uses its own ``_Spares()``,
 never the process-wide ``SPARES``.  What a spare does on a real engine is in
@@ -24,7 +24,6 @@ from typing import Any, cast
 
 import pytest
 
-from agentnest.channel.streams import ByteStream
 from agentnest.config import ResourceLimits, SandboxConfig
 from agentnest.errors import BackendError
 from agentnest.policy import NetworkPolicy
@@ -32,6 +31,7 @@ from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
 from agentnest.sandbox import Sandbox
 from agentnest.state import spares
 from agentnest.state.spares import MAX_FAILURES, SPARE_MAX_AGE, Spare, _same, _Spares
+from agentnest.testing.fake import FakeBackend
 from agentnest.testing.peer import Peer
 from agentnest.testing.wait import wait_until
 
@@ -43,15 +43,17 @@ CONFIG = SandboxConfig(
 )
 
 
-class SpareBackend(RuntimeBackend):
-    """Makes spares on demand; records what it made and destroyed.  ``gate``/``destroy_gate`` hold calls."""
+class SpareBackend(FakeBackend):
+    """Makes spares on demand; records what it made and destroyed.  ``gate``/``destroy_gate`` hold calls.
+
+    Each spare's agent is the FakeBackend's scripted one (``hello=False``: one that ends before its hello).
+    """
 
     name = "spare-fake"
 
     def __init__(self, caps: frozenset[Capability] = WARM, *, fail: bool = False, hello: bool = True) -> None:
-        self.caps = caps
+        super().__init__(caps=caps, starts=hello)
         self.fail = fail
-        self.hello = hello
         self.gate = threading.Event()
         self.gate.set()
         self.destroy_gate = threading.Event()
@@ -59,12 +61,12 @@ class SpareBackend(RuntimeBackend):
         self.destroying = threading.Event()
         self.calls = 0
         self.made: list[str] = []
-        self.destroyed: list[str] = []
-        self.peers: dict[str, Peer] = {}
-        self._lock = threading.Lock()
 
-    def capabilities(self) -> frozenset[Capability]:
-        return self.caps
+    @property
+    def peers(self) -> dict[str, Peer]:
+        """Each spare's agent (its far end)."""
+        with self._lock:
+            return {sid: found[-1] for sid, found in self.agents.items()}
 
     def create(self, config: SandboxConfig) -> SandboxHandle:
         raise AssertionError("the registry makes spares with create_spare, never create")
@@ -80,25 +82,10 @@ class SpareBackend(RuntimeBackend):
             self.made.append(sid)
         return SandboxHandle(sid, self.name, time.time() + config.lifetime, {"config": config})
 
-    def open_channel(self, handle: SandboxHandle) -> ByteStream:
-        peer = Peer()
-        if self.hello:
-            peer.hello()
-        else:
-            peer.sock.close()  # an agent that dies before its hello
-        with self._lock:
-            self.peers[handle.id] = peer
-        return peer.stream
-
     def destroy(self, handle: SandboxHandle) -> None:
         self.destroying.set()
         assert self.destroy_gate.wait(WAIT), "the test never opened the destroy gate"
-        with self._lock:
-            if handle.id not in self.destroyed:
-                self.destroyed.append(handle.id)
-            peer = self.peers.pop(handle.id, None)
-        if peer is not None:
-            peer.close()
+        super().destroy(handle)
 
     def live(self) -> list[str]:
         with self._lock:
@@ -106,7 +93,7 @@ class SpareBackend(RuntimeBackend):
 
     def close_peers(self) -> None:
         with self._lock:
-            peers, self.peers = list(self.peers.values()), {}
+            peers, self.agents = [p for found in self.agents.values() for p in found], {}
         for peer in peers:
             peer.close()
 
