@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from doubles.local_agent import LocalAgent
 
 from agentnest.channel.client import Channel, ExecHandle
 from agentnest.channel.protocol import RawValue
 from agentnest.runtime import bootstrap
-from agentnest.testing.process import LocalAgent
 
 pytestmark = pytest.mark.timeout(60)
 
