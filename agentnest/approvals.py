@@ -29,7 +29,9 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
+import inspect
 import os
 import shlex
 import sys
@@ -267,3 +269,43 @@ __all__ = [
     "describe",
     "use_rules_loader",
 ]
+
+
+class HookTimeout(Exception):
+    """An approval hook did not answer in time (the guard denies the request)."""
+
+
+def call_bounded(hook: ApprovalHook, request: ApprovalRequest, timeout: float) -> Any:
+    """Call ``hook`` in a worker thread and wait at most ``timeout`` seconds (the guard's asker).
+
+    It lives here, not in the guard, so that the guard stays pure: the thread and the event loop
+    a hook may need are this module's.
+
+    A coroutine it returns runs to completion in that thread's own event
+    loop.  A hook that hangs is abandoned (a thread cannot be killed) and
+    the request denied: an unanswered question is never a yes.
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            answer = hook(request)
+            if inspect.isawaitable(answer):
+                answer = asyncio.run(_wait(answer))
+            box["answer"] = answer
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="agentnest-approval", daemon=True).start()
+    if not done.wait(timeout):
+        raise HookTimeout
+    if "error" in box:
+        raise box["error"]
+    return box["answer"]
+
+
+async def _wait(awaitable: Any) -> Any:
+    return await awaitable

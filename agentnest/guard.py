@@ -8,7 +8,6 @@ before the guard has redacted it.
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import contextlib
 import dataclasses
@@ -17,12 +16,11 @@ import inspect
 import math
 import posixpath
 import re
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from .approvals import ApprovalHook, ApprovalRequest, command_line
+from .approvals import ApprovalHook, ApprovalRequest, HookTimeout, call_bounded, command_line
 
 __all__ = ["ApprovalRequest", "Guard", "StreamDecoder", "scrub_errors", "workspace_medium"]
 from .channel.protocol import RawExit
@@ -94,10 +92,6 @@ def _observer_call(observer: Any) -> Callable[[SandboxEvent], Any]:
     if callable(emit):
         return emit  # type: ignore[no-any-return]
     raise ConfigurationError(f"observer {observer!r:.60} is neither callable nor has an emit(event) method")
-
-
-class _HookTimeout(Exception):
-    pass
 
 
 class Guard:
@@ -214,8 +208,8 @@ class Guard:
             if getattr(hook, "agentnest_inline", False):
                 answer = hook(request)  # the built-ins: pure, immediate
             else:
-                answer = _call_bounded(hook, request, timeout)
-        except _HookTimeout:
+                answer = call_bounded(hook, request, timeout)
+        except HookTimeout:
             return f"the approval hook did not answer within {timeout:g}s"
         except Exception as exc:
             return f"the approval hook raised {type(exc).__name__}: {exc}"
@@ -410,39 +404,6 @@ class StreamDecoder:
             if text:
                 out.append(ExecutionChunk("stdout" if fd == 1 else "stderr", text))
         return out
-
-
-def _call_bounded(hook: ApprovalHook, request: ApprovalRequest, timeout: float) -> Any:
-    """Call ``hook`` in a worker thread and wait at most ``timeout`` seconds.
-
-    A coroutine it returns runs to completion in that thread's own event
-    loop.  A hook that hangs is abandoned (a thread cannot be killed) and
-    the request denied: an unanswered question is never a yes.
-    """
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            answer = hook(request)
-            if inspect.isawaitable(answer):
-                answer = asyncio.run(_wait(answer))
-            box["answer"] = answer
-        except BaseException as exc:  # handed to the caller below
-            box["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="agentnest-approval", daemon=True).start()
-    if not done.wait(timeout):
-        raise _HookTimeout
-    if "error" in box:
-        raise box["error"]
-    return box["answer"]
-
-
-async def _wait(awaitable: Any) -> Any:
-    return await awaitable
 
 
 def _close(awaitable: Any) -> None:
