@@ -49,6 +49,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from importlib import resources
 from types import TracebackType
 from typing import Any, Literal
 
@@ -57,9 +58,11 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-from .aio import AsyncSandbox, _Abandoned, _Handoff
+from ._bridge import _Abandoned, _Handoff
+from ._core import core_of
+from .aio import AsyncSandbox
 from .errors import ConfigurationError, PoolExhaustedError, PoolFactoryError
-from .sandbox import Sandbox
+from .sandbox import Sandbox, wrap
 
 __all__ = ["AsyncSandboxPool", "PoolStats", "SandboxPool"]
 
@@ -76,7 +79,7 @@ CLEAN_TIMEOUT = 30.0
 #: would.  Back to back, this saves a round trip per acquire.
 FRESH_RESET = 0.5
 
-#: The ``clean`` reset, a POSIX shell script run as the sandbox's user (a shell
+#: The ``clean`` reset (``agent/clean.sh``), a POSIX shell script run as the sandbox's user (a shell
 #: starts in ~1 ms where Python takes ~15 ms: the reset must be done before
 #: the next acquire needs the sandbox).  Only builtins run when the use left
 #: nothing behind; ``rm``/``chmod``/``ipcrm`` run only for what is there.
@@ -105,65 +108,12 @@ FRESH_RESET = 0.5
 #: everything is gone; anything else (a process that outlives SIGKILL, an
 #: entry it cannot remove) exits non-zero and the pool destroys the sandbox
 #: instead of lending it again.
-CLEAN_SCRIPT = r"""
-W=$1
-argv= code=
-{ { IFS= read -r argv; IFS= read -r code; } < /proc/1/cmdline; } 2>/dev/null
-case $argv/$code in
-  python3-S-c/import\ os,\ sys) ;;
-  *) echo "refused: PID 1 is not the AgentNest keeper, so this is not a sandbox"; exit 3 ;;
-esac
-me=$$
-agent=$PPID
-rounds=0
-while :; do
-  left=
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    case $p in 1|"$me"|"$agent") ;; *) left="$left $p" ;; esac
-  done
-  [ -z "$left" ] && break
-  rounds=$((rounds + 1))
-  if [ "$rounds" -gt 100000 ]; then echo "processes survived SIGKILL"; exit 1; fi
-  kill -9 $left 2>/dev/null
-done
-[ "$rounds" -gt 0 ] && echo killed
-dirty() {
-  [ -r "$1" ] && [ -w "$1" ] && [ -x "$1" ] || return 0
-  for e in "$1"/.* "$1"/*; do
-    case ${e##*/} in .|..) continue ;; esac
-    if [ -e "$e" ] || [ -L "$e" ]; then return 0; fi
-  done
-  return 1
-}
-wipe() {
-  [ -d "$1" ] || return 0
-  dirty "$1" || return 0
-  chmod -R u+rwx -- "$1" 2>/dev/null
-  rm -rf -- "$1"/* "$1"/.[!.]* "$1"/..?* 2>/dev/null
-  if dirty "$1"; then echo "could not empty $1"; exit 1; fi
-}
-[ -d "$W" ] || { echo "no workspace $W"; exit 1; }
-wipe "$W"
-[ -k /tmp ] || chmod 1777 /tmp
-wipe /tmp
-wipe /dev/shm
-wipe /dev/mqueue
-if [ -d /proc/sysvipc ] && ! ipcrm -a >/dev/null 2>&1; then
-  # No ipcrm, or one without -a (busybox): fail only if objects are left.
-  for f in /proc/sysvipc/shm /proc/sysvipc/sem /proc/sysvipc/msg; do
-    n=0
-    { while read -r l; do n=$((n + 1)); done < "$f"; } 2>/dev/null
-    if [ "$n" -gt 1 ]; then echo "SysV IPC objects remain"; exit 1; fi
-  done
-fi
-echo clean
-"""
+CLEAN_SCRIPT = resources.files("agentnest.agent").joinpath("clean.sh").read_text("utf-8")
 
 
 def _ping(sandbox: Sandbox) -> None:
     """Raise unless the sandbox's agent answers (reconnecting a lost agent first)."""
-    sandbox._ch().request({"t": "ping"}, time.monotonic() + PING_TIMEOUT)
+    core_of(sandbox).link().request({"t": "ping"}, time.monotonic() + PING_TIMEOUT)
 
 
 def reusable(sandbox: Sandbox) -> bool:
@@ -192,7 +142,7 @@ def _clean(sandbox: Sandbox) -> bool:
     # A session is a process (its interpreter, or a zombie until the agent
     # reaps it and unlists the session): when the script killed nothing,
     # there is none to close, and the round trip is spared.
-    ch = sandbox._ch()
+    ch = core_of(sandbox).link()
     caps = ch.hello.capabilities if ch.hello is not None else frozenset()
     if "session-names" in caps and result.stdout.startswith("killed"):
         listed = ch.list_sessions(deadline)
@@ -204,7 +154,7 @@ def _clean(sandbox: Sandbox) -> bool:
         # Secret(..., as_file=True) values live in /tmp, which the script emptied:
         # write them again, as the sandbox had them when it was created.
         try:
-            sandbox._write_secret_files(sandbox.config.secret_files)
+            core_of(sandbox).write_secret_files(sandbox.config.secret_files)
         except Exception:
             return False
     _forget_network_log(sandbox)
@@ -492,7 +442,7 @@ class SandboxPool:
             return False
         if not self._health_check:
             return True
-        channel = sandbox._channel
+        channel = core_of(sandbox).channel
         if time.monotonic() - entry.cleaned < FRESH_RESET and channel is not None and channel.alive:
             return True
         try:
@@ -676,7 +626,7 @@ class AsyncSandboxPool:
                 raise TypeError(f"the factory returned {type(sandbox).__name__}, not an AsyncSandbox")
             return sandbox
 
-        return anyio.from_thread.run(make, token=token)._sandbox
+        return wrap(core_of(anyio.from_thread.run(make, token=token)))
 
     def _bind(self) -> None:
         if self._token is None:

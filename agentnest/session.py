@@ -32,8 +32,8 @@ import weakref
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
 
+from ._core import SandboxCore, core_of
 from .agent.limits import INTERRUPT_GRACE, MAX_CODE_BYTES, NAME_MAX, valid_name
 from .channel.client import Channel, SessionBusy, SessionRunHandle
 from .channel.protocol import BINARY_MIMES, RawDisplay, RawSessionRun, RawValue, SessionInfo
@@ -50,9 +50,6 @@ from .events import EventType
 from .guard import scrub_errors
 from .results import DisplayItem, SessionResult
 
-if TYPE_CHECKING:
-    from .sandbox import Sandbox
-
 __all__ = ["DisplayItem", "PythonSession", "PythonSessionInfo", "SessionResult", "SessionStream"]
 
 #: How long opening, resetting or closing a session may take.
@@ -67,7 +64,7 @@ _EVENT_CODE = 2000
 #: the agent keeps), so that asking for a name twice gives the one object
 #: (and its one lock).  Weak both ways: a dropped sandbox or session leaves
 #: nothing behind.
-_NAMED: weakref.WeakKeyDictionary[Sandbox, dict[str, weakref.ref[PythonSession]]] = (
+_NAMED: weakref.WeakKeyDictionary[SandboxCore, dict[str, weakref.ref[PythonSession]]] = (
     weakref.WeakKeyDictionary()
 )
 _NAMED_LOCK = threading.Lock()
@@ -121,11 +118,11 @@ class PythonSession:
     .. versionadded:: 0.4.0
     """
 
-    def __init__(self, sandbox: Sandbox, *, start_timeout: float = 30.0) -> None:
+    def __init__(self, sandbox: object, *, start_timeout: float = 30.0) -> None:
         """Prepare a session; the interpreter starts with :meth:`start` or the first run.
 
         Args:
-            sandbox: the sandbox it runs in.
+            sandbox: the sandbox it runs in (a :class:`Sandbox`).
             start_timeout: seconds the interpreter may take to start.
         """
         if (
@@ -136,8 +133,8 @@ class PythonSession:
         ):
             raise ConfigurationError(f"start_timeout={start_timeout!r} must be a positive number of seconds")
         self._start_timeout = float(start_timeout)
-        self._sandbox = sandbox
-        self._guard = sandbox._guard
+        self._sandbox = core_of(sandbox)
+        self._guard = self._sandbox.guard
         self._id = uuid.uuid4().hex[:12]
         self._busy = threading.Lock()
         self._closed = False
@@ -299,7 +296,7 @@ class PythonSession:
             inflight.abandon()  # closing ends that run in the sandbox
         _forget(self)
         ch = self._channel
-        current = self._sandbox._channel
+        current = self._sandbox.channel
         if ch is not None and not ch.alive and current is not None and current.alive:
             # The channel was replaced: close the interpreter if the agent lives on.
             ch = current if self._reattach(current) else ch
@@ -354,7 +351,7 @@ class PythonSession:
             else:
                 info = ch.open_session(deadline, key=self._id)
         except ChannelError as exc:
-            raise sandbox._lost(exc) from None
+            raise sandbox.lost(exc) from None
         self._adopt(ch, info)
         if self._name is not None:
             _remember(self)
@@ -407,7 +404,7 @@ class PythonSession:
             )
         if self._info is None:  # not started yet (0.3.0 started on first use too)
             self._open(reset=False)
-        ch = self._sandbox._ch()
+        ch = self._sandbox.link()
         if ch is not self._channel and not self._reattach(ch):
             raise self._mark_lost(
                 "the in-sandbox agent was restarted and the session's interpreter ended with it"
@@ -444,8 +441,8 @@ class PythonSession:
 
     def _deadline(self, timeout: float | None) -> float:
         if timeout is None:
-            return self._sandbox._wait_deadline(None)
-        return self._sandbox._wait_deadline(timeout + INTERRUPT_GRACE)
+            return self._sandbox.wait_deadline(None)
+        return self._sandbox.wait_deadline(timeout + INTERRUPT_GRACE)
 
     def _mark_lost(self, reason: str, result: SessionResult | None = None) -> SessionLostError:
         first = self._lost is None
@@ -459,7 +456,7 @@ class PythonSession:
         )
 
     def _channel_lost(self, exc: ChannelError) -> Exception:
-        gone = self._sandbox._lost(exc)
+        gone = self._sandbox.lost(exc)
         if isinstance(gone, SandboxDestroyedError):
             self._lost = str(gone)
             return gone
@@ -617,7 +614,7 @@ def check_name(name: object) -> str:
     return name
 
 
-def open_python_session(sandbox: Sandbox, *, name: str | None, start_timeout: float) -> PythonSession:
+def open_python_session(sandbox: SandboxCore, *, name: str | None, start_timeout: float) -> PythonSession:
     """What :meth:`Sandbox.python_session` does: a new session, or the live one of ``name``."""
     if name is not None:
         check_name(name)
@@ -630,7 +627,7 @@ def open_python_session(sandbox: Sandbox, *, name: str | None, start_timeout: fl
     try:
         info = ch.open_session(time.monotonic() + session._start_timeout, name=name, key=session._id)
     except ChannelError as exc:
-        raise sandbox._lost(exc) from None
+        raise sandbox.lost(exc) from None
     with _NAMED_LOCK:
         known = _named_of(sandbox)
         ref = known.get(info.key or session._id)
@@ -651,19 +648,19 @@ def open_python_session(sandbox: Sandbox, *, name: str | None, start_timeout: fl
     return chosen
 
 
-def list_python_sessions(sandbox: Sandbox) -> tuple[PythonSessionInfo, ...]:
+def list_python_sessions(sandbox: SandboxCore) -> tuple[PythonSessionInfo, ...]:
     """What :meth:`Sandbox.sessions` does: the agent's live sessions, oldest first."""
     ch = _session_channel(sandbox, named=True)
     try:
         listed = ch.list_sessions(time.monotonic() + _CLOSE_WAIT)
     except ChannelError as exc:
-        raise sandbox._lost(exc) from None
+        raise sandbox.lost(exc) from None
     found = [PythonSessionInfo(i.name, i.key, i.pid, i.started, i.busy) for i in listed]
     return tuple(sorted(found, key=lambda i: (i.started, i.id)))
 
 
-def _session_channel(sandbox: Sandbox, *, named: bool) -> Channel:
-    ch = sandbox._ch()
+def _session_channel(sandbox: SandboxCore, *, named: bool) -> Channel:
+    ch = sandbox.link()
     caps = ch.hello.capabilities if ch.hello is not None else frozenset()
     if "session" not in caps:
         raise UnsupportedCapabilityError("this sandbox's agent does not offer Python sessions")
@@ -675,7 +672,7 @@ def _session_channel(sandbox: Sandbox, *, named: bool) -> Channel:
     return ch
 
 
-def _holder(sandbox: Sandbox, name: str, *, besides: PythonSession) -> PythonSession | None:
+def _holder(sandbox: SandboxCore, name: str, *, besides: PythonSession) -> PythonSession | None:
     """Another open object of a session of ``sandbox`` named ``name``, if any."""
     with _NAMED_LOCK:
         for ref in _named_of(sandbox).values():
@@ -685,7 +682,7 @@ def _holder(sandbox: Sandbox, name: str, *, besides: PythonSession) -> PythonSes
     return None
 
 
-def _named_of(sandbox: Sandbox) -> dict[str, weakref.ref[PythonSession]]:
+def _named_of(sandbox: SandboxCore) -> dict[str, weakref.ref[PythonSession]]:
     """The named sessions of ``sandbox`` by id (the caller holds ``_NAMED_LOCK``)."""
     known = _NAMED.setdefault(sandbox, {})
     for gone in [k for k, ref in known.items() if ref() is None]:

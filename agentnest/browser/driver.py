@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from .._core import core_of
 from ..errors import (
     AgentNestError,
     BrowserError,
@@ -43,9 +44,9 @@ from ..errors import (
     SelectorNotFoundError,
     SessionLostError,
 )
+from ..session import open_python_session
 
 if TYPE_CHECKING:
-    from ..sandbox import Sandbox
     from ..session import DisplayItem, PythonSession
 
 #: The session that holds the browser.
@@ -180,9 +181,9 @@ class Browser:
     """
 
     def __init__(
-        self, sandbox: Sandbox, *, timeout: float = 30.0, viewport: tuple[int, int] = (1280, 720)
+        self, sandbox: object, *, timeout: float = 30.0, viewport: tuple[int, int] = (1280, 720)
     ) -> None:
-        self._sandbox = sandbox
+        self._sandbox = core_of(sandbox)
         self.timeout = _timeout(timeout)
         if (
             not isinstance(viewport, tuple)
@@ -200,14 +201,14 @@ class Browser:
     # -- plumbing ----------------------------------------------------------------
 
     def _limit(self) -> int:
-        policy_limit = self._sandbox._guard.policy.max_output_bytes
+        policy_limit = self._sandbox.guard.policy.max_output_bytes
         # Room for the result line next to the PNG in the same output budget.
         return max(1024, min(policy_limit, DISPLAY_ITEM_LIMIT) - 64 * 1024)
 
     def _open(self) -> PythonSession:
         if self._session is not None and not self._session.closed:
             return self._session
-        session = self._sandbox.python_session(name=SESSION_NAME)
+        session = open_python_session(self._sandbox, name=SESSION_NAME, start_timeout=30.0)
         source = _driver_source()
         artifacts = self._sandbox.config.workdir.rstrip("/") + "/" + SCREENSHOT_DIR
         setup = (

@@ -23,14 +23,15 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from .._core import Command, core_of
 from ..errors import ChannelError
 from ._output import Commands, add_command, add_sandbox_options, status
 from .run import TIMEOUT_EXIT, command_argv, sandbox_options
 
 if TYPE_CHECKING:
+    from .._core import SandboxCore
     from ..channel.client import ExecHandle
     from ..channel.protocol import RawExit
-    from ..sandbox import Sandbox
 
 #: The lifetime of the sandbox when neither --lifetime nor the profile says.
 DEFAULT_LIFETIME = 3600.0
@@ -119,8 +120,8 @@ def handle(args: argparse.Namespace) -> int:
     with sandbox:
         if interactive:
             env = {"TERM": terminal_type(os.environ.get("TERM")), **dict(args.env)}
-            return interactive_session(sandbox, argv, env, timeout)
-        return piped_session(sandbox, argv, dict(args.env), timeout)
+            return interactive_session(core_of(sandbox), argv, env, timeout)
+        return piped_session(core_of(sandbox), argv, dict(args.env), timeout)
 
 
 def _is_terminal(stream: Any) -> bool:
@@ -141,7 +142,7 @@ def terminal_size(fd: int) -> tuple[int, int]:
 
 
 def _start(
-    sandbox: Sandbox,
+    sandbox: SandboxCore,
     argv: list[str],
     env: dict[str, str],
     timeout: float | None,
@@ -149,21 +150,21 @@ def _start(
     pty: tuple[int, int] | None,
 ) -> ExecHandle:
     """Start ``argv`` through the guard (approval, audit event) with stdin kept open."""
-    return sandbox._start(
-        argv,
-        timeout,
-        dict(env),
-        None,
-        None,
-        keep_stdin_open=True,
-        pty=pty,
-        max_output=UNBOUNDED if pty is not None else None,
+    return sandbox.start(
+        Command(
+            argv,
+            timeout,
+            dict(env),
+            keep_stdin_open=True,
+            pty=pty,
+            max_output=UNBOUNDED if pty is not None else None,
+        )
     )
 
 
-def _exit_code(sandbox: Sandbox, raw: RawExit, truncated: bool, timeout: float | None) -> int:
+def _exit_code(sandbox: SandboxCore, raw: RawExit, truncated: bool, timeout: float | None) -> int:
     """Record the end (audit event) and turn it into this command's exit code."""
-    sandbox._guard.finish_exec(raw, b"", b"", truncated)
+    sandbox.guard.finish_exec(raw, b"", b"", truncated)
     if raw.timed_out:
         print(
             f"agentnest: the shell ran past --timeout {timeout:g}s and was killed with every process "
@@ -208,7 +209,9 @@ class _Pump(threading.Thread):
                 pass
 
 
-def interactive_session(sandbox: Sandbox, argv: list[str], env: dict[str, str], timeout: float | None) -> int:
+def interactive_session(
+    sandbox: SandboxCore, argv: list[str], env: dict[str, str], timeout: float | None
+) -> int:
     """Run ``argv`` on a pseudo-terminal in ``sandbox`` wired to this terminal; its exit code.
 
     This terminal is in raw mode for the session and restored afterwards,
@@ -225,7 +228,7 @@ def interactive_session(sandbox: Sandbox, argv: list[str], env: dict[str, str], 
     handle = _start(sandbox, argv, env, timeout, pty=terminal_size(stdout_fd))
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
-    pump = _Pump(handle, sandbox._wait_deadline(timeout), {1: stdout_fd, 2: stdout_fd}, wake_w)
+    pump = _Pump(handle, sandbox.wait_deadline(timeout), {1: stdout_fd, 2: stdout_fd}, wake_w)
 
     def notify(tag: bytes) -> Any:
         def handler(signum: int, frame: FrameType | None) -> None:
@@ -286,7 +289,7 @@ def interactive_session(sandbox: Sandbox, argv: list[str], env: dict[str, str], 
     return _finish(sandbox, handle, pump, timeout)
 
 
-def piped_session(sandbox: Sandbox, argv: list[str], env: dict[str, str], timeout: float | None) -> int:
+def piped_session(sandbox: SandboxCore, argv: list[str], env: dict[str, str], timeout: float | None) -> int:
     """Run ``argv`` without a terminal, its stdin fed from ours until EOF; its exit code."""
     stdout_fd = sys.stdout.fileno()
     stderr_fd = sys.stderr.fileno()
@@ -294,7 +297,7 @@ def piped_session(sandbox: Sandbox, argv: list[str], env: dict[str, str], timeou
     sys.stderr.flush()
     handle = _start(sandbox, argv, env, timeout, pty=None)
     wake_r, wake_w = os.pipe()
-    pump = _Pump(handle, sandbox._wait_deadline(timeout), {1: stdout_fd, 2: stderr_fd}, wake_w)
+    pump = _Pump(handle, sandbox.wait_deadline(timeout), {1: stdout_fd, 2: stderr_fd}, wake_w)
     feeder = threading.Thread(target=_feed, args=(handle,), name="agentnest-shell-stdin", daemon=True)
     try:
         pump.start()
@@ -324,10 +327,10 @@ def _feed(handle: ExecHandle) -> None:
         pass  # the command ended, the sandbox went, or there is no stdin: nothing to feed
 
 
-def _finish(sandbox: Sandbox, handle: ExecHandle, pump: _Pump, timeout: float | None) -> int:
+def _finish(sandbox: SandboxCore, handle: ExecHandle, pump: _Pump, timeout: float | None) -> int:
     if pump.error is not None:
         if isinstance(pump.error, ChannelError):
-            raise sandbox._lost(pump.error) from None
+            raise sandbox.lost(pump.error) from None
         raise pump.error
     if handle.result is None:  # pragma: no cover - the pump ends only with a result or an error
         raise ChannelError("the shell ended without a result")

@@ -113,8 +113,9 @@ class AgentNestExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagen
         allow_pickle: bool = False,
         **sandbox_kwargs: Any,
     ) -> None:
+        from .._core import core_of
         from ..aio import AsyncSandbox
-        from ..sandbox import Sandbox
+        from ..sandbox import Sandbox, wrap
 
         if allow_pickle:
             raise ConfigurationError(
@@ -127,7 +128,7 @@ class AgentNestExecutor(RemotePythonExecutor):  # type: ignore[misc]  # smolagen
             raise ConfigurationError("pass a sandbox or arguments to create one, not both")
         super().__init__(list(additional_imports), logger or AgentLogger(level=LogLevel.ERROR), False)
         if isinstance(sandbox, AsyncSandbox):
-            sandbox = sandbox._sandbox
+            sandbox = wrap(core_of(sandbox))  # a Sandbox face of the same core
         self._owned = sandbox is None
         self.sandbox: Sandbox = Sandbox(**sandbox_kwargs) if sandbox is None else sandbox
         if not isinstance(self.sandbox, Sandbox):

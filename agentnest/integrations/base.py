@@ -203,8 +203,9 @@ class SandboxRunner:
         runtime: str | None = None,
         **sandbox_kwargs: Any,
     ) -> None:
+        from .._core import core_of
         from ..aio import AsyncSandbox
-        from ..sandbox import Sandbox
+        from ..sandbox import Sandbox, wrap
 
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ConfigurationError(f"timeout={timeout!r} must be a positive number of seconds")
@@ -219,7 +220,7 @@ class SandboxRunner:
         if runtime is not None:
             deprecated("SandboxRunner(runtime=)", "image= (or the image as the first argument)")
         if isinstance(sandbox, AsyncSandbox):
-            sandbox = sandbox._sandbox
+            sandbox = wrap(core_of(sandbox))  # a Sandbox face of the same core
         if isinstance(sandbox, Sandbox):
             given = [
                 name

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import anyio
 
+from .._core import core_of
 from ..aio import AsyncSandbox
 from ..config import ResourceLimits, parse_size
 from ..egress.proxy import parse_ip
@@ -131,7 +132,7 @@ def handle_of(sandbox: AsyncSandbox) -> SandboxHandle:
 
 def emitter_of(sandbox: AsyncSandbox) -> Emit:
     # The sandbox's own guard: channel events get its redaction and its observers.
-    return sandbox._sandbox._guard.emit
+    return core_of(sandbox).guard.emit
 
 
 class Service(AdmitMixin, DatabaseMixin):

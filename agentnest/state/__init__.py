@@ -36,19 +36,19 @@ extraction rules, pure), :mod:`.archive` (the stream gate, reading and
 verifying archives and snapshot files), :mod:`.programs` (running the
 in-sandbox programs: :class:`~agentnest.state.programs._Program` is the one
 interface to them), :mod:`.snapshots` (snapshot, restore), :mod:`.forks`
-(fork) and :mod:`.transfer` (artifacts, download).  This module re-exports
-what :class:`~agentnest.Sandbox` and the tests use.  Tunables are read where
-they are defined: patch ``agentnest.state.programs.ACK_WINDOW``, not a
-re-export of it.
+(fork), :mod:`.paused` (resume from a checkpoint), :mod:`.spares` (warm
+spares) and :mod:`.transfer` (artifacts, download).  Each operation takes a
+:class:`~agentnest._core.SandboxCore` (never a face); a fork or a resume
+returns a new core, which the face wraps.  This module re-exports what the
+faces and the tests use.  Tunables are read where they are defined: patch
+``agentnest.state.programs.ACK_WINDOW``, not a re-export of it.
 """
 
 from __future__ import annotations
 
-from . import hostfiles as hostfiles
 from .archive import _Gate as _Gate
 from .archive import _metadata_member as _metadata_member
 from .archive import _read_archive as _read_archive
-from .forks import PROVISION as PROVISION
 from .forks import fork as fork
 from .paused import from_checkpoint as from_checkpoint
 from .programs import _EXTRACTOR as _EXTRACTOR
@@ -81,7 +81,6 @@ from .rules import MiB as MiB
 from .rules import TarRules as TarRules
 from .rules import glob_to_regex as glob_to_regex
 from .rules import symlink_target_ok as symlink_target_ok
-from .snapshots import from_snapshot as from_snapshot
 from .snapshots import read_snapshot as read_snapshot
 from .snapshots import restore as restore
 from .snapshots import snapshot as snapshot

@@ -6,51 +6,36 @@ import dataclasses
 import logging
 import tarfile
 import time
-from collections.abc import Callable
-from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
+from .._core import Provision, SandboxCore, config_like
 from ..channel.client import Channel
 from ..errors import BackendError, ChannelError, ConfigurationError, SnapshotError, UnsupportedCapabilityError
 from ..events import EventType
 from ..policy import NetworkMode
 from ..runtime.base import Capability
+from ..runtime.hostfs import host_workspace as _host_workspace
 from .archive import _Gate
-from .host import _host_workspace, _start_extractor, _start_writer
+from .host import _start_extractor, _start_writer
 from .programs import _read_program, _require, _writer_args
 from .rules import TarRules
 from .spares import SPARES
 
+if TYPE_CHECKING:
+    from ..config import SandboxConfig
+    from ..runtime.base import SandboxHandle
+
 log = logging.getLogger("agentnest.fork")
 
-if TYPE_CHECKING:
-    from collections.abc import Sequence
 
-    from ..approvals import ApprovalHook
-    from ..config import SandboxConfig
-    from ..events import Observer
-    from ..policy import SecurityPolicy
-    from ..runtime.base import RuntimeBackend, SandboxHandle
-    from ..sandbox import Sandbox
-
-#: How the sandbox being constructed in this context gets its handle (and,
-#: for a warm spare, its already connected channel), when not from
-#: ``backend.create``: set by a host-side fork around the child's constructor
-#: (a context variable: invisible to other threads and tasks, and to the
-#: public signature of ``Sandbox``).
-PROVISION: ContextVar[Callable[[SandboxConfig], SandboxHandle | tuple[SandboxHandle, Channel]] | None] = (
-    ContextVar("agentnest_provision", default=None)
-)
-
-
-def fork(parent: Sandbox, *, timeout: float | None = None, live: bool | None = None) -> Sandbox:
+def fork(parent: SandboxCore, *, timeout: float | None = None, live: bool | None = None) -> SandboxCore:
     """Branch ``parent`` into a new sandbox.  See :meth:`Sandbox.fork`."""
-    parent._ch()  # raises SandboxDestroyedError for a destroyed parent
+    parent.link()  # raises SandboxDestroyedError for a destroyed parent
     _require(parent, Capability.FORK, "fork")
     if live is not None and not isinstance(live, bool):
         raise ConfigurationError(f"live={live!r} must be True, False or None (the backend's default)")
     config = parent.config
-    guard = parent._guard
+    guard = parent.guard
     lifetime = config.lifetime if timeout is None else timeout
     limits = config.limits
     can_live = (
@@ -90,7 +75,7 @@ def fork(parent: Sandbox, *, timeout: float | None = None, live: bool | None = N
         # Secrets passed to single commands may be in the files: the child
         # redacts everything the parent does.
         for secret in guard.secrets:
-            child._guard.add_secret(secret)
+            child.guard.add_secret(secret)
         try:
             _, feeder = _start_extractor(child, limits.workspace)
         except BaseException:
@@ -116,11 +101,11 @@ def fork(parent: Sandbox, *, timeout: float | None = None, live: bool | None = N
         raise
     details = {"files": rules.files, "size": rules.size, "skipped": writer.skipped()}
     guard.emit(EventType.SANDBOX_FORKED, {"child": child.id, **details})
-    child._guard.emit(EventType.SANDBOX_FORKED, {"parent": parent.id, **details})
+    child.guard.emit(EventType.SANDBOX_FORKED, {"parent": parent.id, **details})
     return child
 
 
-def _fork_on_host(parent: Sandbox, lifetime: float) -> Sandbox:
+def _fork_on_host(parent: SandboxCore, lifetime: float) -> SandboxCore:
     """The fast path: the child's workspace is a copy-on-write snapshot of the parent's.
 
     The backend freezes the parent for the instant of the snapshot, so the
@@ -130,7 +115,7 @@ def _fork_on_host(parent: Sandbox, lifetime: float) -> Sandbox:
     way a spare is then made ready for the next fork.
     """
     backend, handle = parent.backend, parent.handle
-    child: Sandbox | None = None
+    child: SandboxCore | None = None
     claimed = False  # the child is the spare (not one made after a failed claim)
     warm = SPARES.take(parent, dataclasses.replace(parent.config, lifetime=lifetime))
     if warm is not None:
@@ -140,9 +125,8 @@ def _fork_on_host(parent: Sandbox, lifetime: float) -> Sandbox:
             backend.claim_spare(spare.handle, handle, config)
             return spare.handle, spare.channel
 
-        token = PROVISION.set(claim)
         try:
-            child = _create_like(parent, lifetime)
+            child = _create_like(parent, lifetime, claim)
             claimed = True
         except (BackendError, UnsupportedCapabilityError) as exc:
             # The spare could not take the copy (nothing of the parent's is
@@ -152,24 +136,18 @@ def _fork_on_host(parent: Sandbox, lifetime: float) -> Sandbox:
         except BaseException:
             spare.discard()
             raise
-        finally:
-            PROVISION.reset(token)
     if child is None:
-        token = PROVISION.set(lambda config: backend.create_fork(handle, config))
-        try:
-            child = _create_like(parent, lifetime)
-        finally:
-            PROVISION.reset(token)
+        child = _create_like(parent, lifetime, lambda config: backend.create_fork(handle, config))
     SPARES.want(parent)
-    for secret in parent._guard.secrets:
-        child._guard.add_secret(secret)  # as the channel path: the files may hold them
+    for secret in parent.guard.secrets:
+        child.guard.add_secret(secret)  # as the channel path: the files may hold them
     details = {"copy": "snapshot", "skipped": [], "warm": claimed}
-    parent._guard.emit(EventType.SANDBOX_FORKED, {"child": child.id, **details})
-    child._guard.emit(EventType.SANDBOX_FORKED, {"parent": parent.id, **details})
+    parent.guard.emit(EventType.SANDBOX_FORKED, {"child": child.id, **details})
+    child.guard.emit(EventType.SANDBOX_FORKED, {"parent": parent.id, **details})
     return child
 
 
-def _fork_live(parent: Sandbox, lifetime: float) -> Sandbox:
+def _fork_live(parent: SandboxCore, lifetime: float) -> SandboxCore:
     """The child gets the parent's processes too: a gVisor checkpoint restored twice.
 
     The parent is checkpointed (stopped), its workspace cloned, the child's
@@ -182,16 +160,15 @@ def _fork_live(parent: Sandbox, lifetime: float) -> Sandbox:
     """
     backend, handle = parent.backend, parent.handle
     started = time.monotonic()
-    with parent._lock:
-        old = parent._channel
+    with parent.lock:
+        old = parent.channel
         if old is None or old.hello is None or not old.alive:
             raise ChannelError(f"sandbox {parent.id} has no live agent to fork; call any method and retry")
         handle.info["agent_pid"] = old.hello.pid
         handle.info["reconnect_ids"] = old.next_id()
         old.hold(True)
-        token = PROVISION.set(lambda config: backend.create_live_fork(handle, config))
         try:
-            child = _create_like(parent, lifetime)
+            child = _create_like(parent, lifetime, lambda config: backend.create_live_fork(handle, config))
         except (ChannelError, SnapshotError) as exc:
             # runsc refused the copy, or started it and its agent never
             # answered: the child could not be restored (and was destroyed).
@@ -201,67 +178,26 @@ def _fork_live(parent: Sandbox, lifetime: float) -> Sandbox:
                 rule="checkpoint",
             ) from exc
         finally:
-            PROVISION.reset(token)
             stream = handle.info.pop("stream", None)
             if stream is not None:
                 # The parent was restored: its agent waits on a new stream.
                 old.close("the sandbox was checkpointed for a live fork")
-                parent._channel = None
-                parent._channel = Channel.connect(stream, None, timeout=60.0, after=old)
+                parent.channel = None
+                parent.channel = Channel.connect(stream, None, timeout=60.0, after=old)
             else:
                 old.hold(False)
-    for secret in parent._guard.secrets:
-        child._guard.add_secret(secret)
+    for secret in parent.guard.secrets:
+        child.guard.add_secret(secret)
     details = {"copy": "live", "skipped": [], "seconds": round(time.monotonic() - started, 4)}
-    parent._guard.emit(EventType.SANDBOX_FORKED, {"child": child.id, **details})
-    child._guard.emit(EventType.SANDBOX_FORKED, {"parent": parent.id, **details})
+    parent.guard.emit(EventType.SANDBOX_FORKED, {"child": child.id, **details})
+    child.guard.emit(EventType.SANDBOX_FORKED, {"parent": parent.id, **details})
     return child
 
 
-def _create_like(parent: Sandbox, lifetime: float) -> Sandbox:
-    """A new sandbox with the parent's configuration, backend and hooks."""
-    guard = parent._guard
-    return sandbox_of(
-        type(parent),
-        parent.config,
-        lifetime,
-        backend=parent.backend,
-        security_policy=guard.policy,
-        observers=guard.observers,
-        approval_hook=guard.approval_hook,
-        network_enabled=parent.config.network != guard.policy.network,
-    )
-
-
-def sandbox_of(
-    cls: type[Sandbox],
-    config: SandboxConfig,
-    lifetime: float,
-    *,
-    backend: RuntimeBackend,
-    security_policy: SecurityPolicy | None,
-    observers: Sequence[Observer],
-    approval_hook: ApprovalHook | None,
-    network_enabled: bool = False,
-) -> Sandbox:
-    """``cls(...)`` with what ``config`` says (under :data:`PROVISION`, the handle comes from there)."""
-    limits = config.limits
-    return cls(
-        config.image,
-        lifetime,
-        environment=dict(config.environment),
-        workdir=config.workdir,
-        network_enabled=network_enabled,
-        memory=limits.memory,
-        cpus=limits.cpus,
-        pids=limits.pids,
-        gpus=limits.gpus,
-        workspace_size=limits.workspace,
-        workspace=limits.workspace_medium,
-        scratch_size=limits.scratch,
-        backend=backend,
-        read_only_root=config.read_only_root,
-        security_policy=security_policy,
-        observers=observers,
-        approval_hook=approval_hook,
+def _create_like(parent: SandboxCore, lifetime: float, provision: Provision | None = None) -> SandboxCore:
+    """A new sandbox with the parent's configuration, backend and hooks (its handle from ``provision``)."""
+    guard = parent.guard
+    config = config_like(parent.config, guard.policy, lifetime, parent.config.network)
+    return SandboxCore(
+        parent.backend, config, guard.policy, guard.observers, guard.approval_hook, provision=provision
     )

@@ -13,7 +13,6 @@ functions pick the channel or the host for their callers.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -21,7 +20,6 @@ import select
 import selectors
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +29,9 @@ from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from ..channel.protocol import RawExit
+from ..runtime.hostfs import become as become
+from ..runtime.hostfs import host_python as _host_python
+from ..runtime.hostfs import host_workspace as _host_workspace
 from . import programs
 from .programs import (
     _ERR_MAX,
@@ -48,22 +49,7 @@ from .programs import (
 from .rules import MAX_ARTIFACTS, MAX_ENTRIES, MAX_FILE_SIZE, METADATA_NAME, PAYLOAD_PREFIX, MiB, _refuse
 
 if TYPE_CHECKING:
-    from ..sandbox import Sandbox
-
-
-def become(uid: int, gid: int) -> None:
-    """Make this thread's filesystem UID and GID ``uid:gid`` (``setfsuid``/``setfsgid``: per thread).
-
-    A non-zero fsuid also drops the thread's file capabilities: the kernel
-    checks each access as it would for the sandbox's own process, and what
-    the thread creates belongs to the sandbox.
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.setfsgid(gid)  # the group first, while the thread may still change it
-    libc.setfsuid(uid)
-    # Each call returns the previous value; an invalid one (-1) changes nothing.
-    if libc.setfsuid(-1) != uid or libc.setfsgid(-1) != gid:
-        raise OSError("setfsuid/setfsgid did not take effect")
+    from .._core import SandboxCore
 
 
 class _OnHost(_Program):
@@ -74,7 +60,7 @@ class _OnHost(_Program):
     program runs: a process of its own, or a thread of this one.
     """
 
-    def __init__(self, sandbox: Sandbox, *, max_output: int, budget: int) -> None:
+    def __init__(self, sandbox: SandboxCore, *, max_output: int, budget: int) -> None:
         self.sandbox = sandbox
         self.err = bytearray()
         self.exit = None
@@ -121,7 +107,7 @@ class _LocalProgram(_OnHost):
 
     def __init__(
         self,
-        sandbox: Sandbox,
+        sandbox: SandboxCore,
         program: str,
         args: dict[str, Any],
         *,
@@ -234,7 +220,14 @@ class _InProcess(_OnHost):
     """
 
     def __init__(
-        self, sandbox: Sandbox, program: str, args: dict[str, Any], *, max_output: int, budget: int, cwd: Path
+        self,
+        sandbox: SandboxCore,
+        program: str,
+        args: dict[str, Any],
+        *,
+        max_output: int,
+        budget: int,
+        cwd: Path,
     ) -> None:
         super().__init__(sandbox, max_output=max_output, budget=budget)
         self._code = 1
@@ -328,37 +321,6 @@ def _code(program: str) -> CodeType:
     return compile(_source(program), f"<agentnest/{program}.py>", "exec")
 
 
-@lru_cache(maxsize=1)
-def _host_python() -> str | None:
-    """An interpreter on this host that any user may run, or ``None``.
-
-    The programs run as the sandbox's UID, which cannot run an interpreter
-    in a private directory (a venv or pyenv under /root); -I -S need nothing
-    of a venv, so the real interpreter, or the system's, does.
-    """
-    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3"):
-        path = Path(os.path.realpath(candidate))
-        try:
-            if not path.is_file() or path.stat().st_mode & 0o005 != 0o005:
-                continue
-            if all(parent.stat().st_mode & 0o001 for parent in path.parents):
-                return str(path)
-        except OSError:
-            continue
-    return None
-
-
-def _host_workspace(sandbox: Sandbox, *, write: bool = False) -> Path | None:
-    """The sandbox's workspace directory on this host when the fast path applies, else ``None``.
-
-    ``write``: the host writes there (see ``RuntimeBackend.workspace_path``).
-    """
-    path = sandbox.backend.workspace_path(sandbox.handle, write=write)
-    if path is None or _host_python() is None or not sandbox.config.user.replace(":", "").isdigit():
-        return None
-    return path
-
-
 #: A snapshot of a disk workspace holding up to this much data reads the
 #: live workspace on the host with the sandbox frozen throughout (about a
 #: quarter of a second at most here); a larger one reads a copy-on-write
@@ -369,7 +331,7 @@ LIVE_READ_MAX = 256 * MiB
 
 
 @contextlib.contextmanager
-def _snapshot_view(sandbox: Sandbox, *, live: bool) -> Iterator[tuple[Path | None, int | None]]:
+def _snapshot_view(sandbox: SandboxCore, *, live: bool) -> Iterator[tuple[Path | None, int | None]]:
     """Where a snapshot's writer reads: ``(host directory, byte budget)``, or ``(None, None)``: the channel.
 
     With ``live``, the live workspace with the sandbox frozen until the
@@ -391,7 +353,7 @@ def _snapshot_view(sandbox: Sandbox, *, live: bool) -> Iterator[tuple[Path | Non
 
 
 @contextlib.contextmanager
-def _frozen_live(sandbox: Sandbox) -> Iterator[Path | None]:
+def _frozen_live(sandbox: SandboxCore) -> Iterator[Path | None]:
     """The live workspace on this host with the sandbox frozen (fast path), or ``None`` (channel)."""
     path = _host_workspace(sandbox, write=True)
     if path is None:
@@ -402,7 +364,7 @@ def _frozen_live(sandbox: Sandbox) -> Iterator[Path | None]:
 
 
 def _start(
-    sandbox: Sandbox,
+    sandbox: SandboxCore,
     program: str,
     args: dict[str, Any],
     *,
@@ -418,7 +380,7 @@ def _start(
 
 
 def _start_writer(
-    sandbox: Sandbox, args: dict[str, Any], local: Path | None = None, *, in_process: bool = False
+    sandbox: SandboxCore, args: dict[str, Any], local: Path | None = None, *, in_process: bool = False
 ) -> _Program:
     """Start the tar writer; with ``args["wait"]`` it waits for a ``g`` on its stdin first.
 
@@ -443,7 +405,7 @@ def _start_writer(
 
 
 def _start_extractor(
-    sandbox: Sandbox, max_bytes: int, local: Path | None = None, *, file_fd: int | None = None
+    sandbox: SandboxCore, max_bytes: int, local: Path | None = None, *, file_fd: int | None = None
 ) -> tuple[_Program, _Feeder]:
     """Start the extractor; with ``file_fd`` (on the host only) it reads that snapshot file itself."""
     args: dict[str, Any] = {
@@ -474,7 +436,7 @@ def _start_extractor(
     return program, _Feeder(program)
 
 
-def _start_hasher(sandbox: Sandbox, base: str, regex: str, local: Path | None = None) -> _Program:
+def _start_hasher(sandbox: SandboxCore, base: str, regex: str, local: Path | None = None) -> _Program:
     args = {"root": ".", "base": base, "regex": regex, "max_files": MAX_ARTIFACTS}
     budget = sandbox.config.limits.workspace
     return _start(sandbox, _HASHER, args, stdin=False, max_output=64 * MiB, budget=budget, local=local)

@@ -7,28 +7,26 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .._core import SandboxCore, config_like
 from ..errors import ConfigurationError
+from ..policy import SecurityPolicy
 from ..runtime.registry import get_backend
-from .forks import PROVISION, sandbox_of
 
 if TYPE_CHECKING:
     from ..approvals import ApprovalHook
     from ..config import SandboxConfig
     from ..events import Observer
-    from ..policy import SecurityPolicy
     from ..runtime.base import RuntimeBackend, SandboxHandle
-    from ..sandbox import Sandbox
 
 
 def from_checkpoint(
-    cls: type[Sandbox],
     sandbox_id: str,
     backend: str | RuntimeBackend,
     security_policy: SecurityPolicy | None,
     observers: Sequence[Observer],
     approval_hook: ApprovalHook | None,
-) -> Sandbox:
-    """Restore sandbox ``sandbox_id`` from its pause checkpoint into a new ``cls`` object."""
+) -> SandboxCore:
+    """Restore sandbox ``sandbox_id`` from its pause checkpoint into a new core."""
     runtime = get_backend(backend) if isinstance(backend, str) else backend
     handle, recorded = runtime.attach_paused(sandbox_id)
     if security_policy is not None and security_policy.network != recorded.network:
@@ -49,16 +47,6 @@ def from_checkpoint(
         handle.info["attached"] = True
         return handle
 
-    token = PROVISION.set(provision)
-    try:
-        return sandbox_of(
-            cls,
-            recorded,
-            max(1.0, handle.deadline - time.time()),
-            backend=runtime,
-            security_policy=security_policy,
-            observers=observers,
-            approval_hook=approval_hook,
-        )
-    finally:
-        PROVISION.reset(token)
+    policy = security_policy or SecurityPolicy()
+    config = config_like(recorded, policy, max(1.0, handle.deadline - time.time()), policy.network)
+    return SandboxCore(runtime, config, policy, observers, approval_hook, provision=provision)

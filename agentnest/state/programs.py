@@ -34,7 +34,7 @@ from .rules import (
 )
 
 if TYPE_CHECKING:
-    from ..sandbox import Sandbox
+    from .._core import SandboxCore
 
 #: Flow control of streams into the extractor: bytes sent but not yet
 #: acknowledged, and how often the extractor acknowledges.  Bounds what the
@@ -98,7 +98,7 @@ class _Program:
 
     def __init__(
         self,
-        sandbox: Sandbox,
+        sandbox: SandboxCore,
         program: str,
         args: dict[str, Any],
         *,
@@ -108,11 +108,11 @@ class _Program:
     ) -> None:
         self.sandbox = sandbox
         timeout = _timeout_for(budget)
-        self.deadline = sandbox._wait_deadline(timeout)
+        self.deadline = sandbox.wait_deadline(timeout)
         self.err = bytearray()
         self.exit: RawExit | None = None
         try:
-            self.handle: ExecHandle = sandbox._ch().start_exec(
+            self.handle: ExecHandle = sandbox.link().start_exec(
                 _argv(program, args),
                 env={},
                 # The agent's workspace: every program works below "." there.
@@ -122,7 +122,7 @@ class _Program:
                 keep_stdin_open=stdin,
             )
         except ChannelError as exc:
-            raise sandbox._lost(exc) from None
+            raise sandbox.lost(exc) from None
 
     def pull(self) -> bytes:
         """The next chunk of stdout; ``b""`` once the program has exited."""
@@ -130,7 +130,7 @@ class _Program:
             try:
                 event = self.handle.next_event(self.deadline)
             except ChannelError as exc:
-                raise self.sandbox._lost(exc) from None
+                raise self.sandbox.lost(exc) from None
             if isinstance(event, tuple):
                 fd, data = event
                 if fd == 1:
@@ -146,7 +146,7 @@ class _Program:
         try:
             self.handle.write_stdin(data, eof=eof)
         except ChannelError as exc:
-            raise self.sandbox._lost(exc) from None
+            raise self.sandbox.lost(exc) from None
 
     def wait(self) -> RawExit:
         while self.exit is None:
@@ -172,7 +172,7 @@ class _Program:
     def failure(self, what: str) -> SnapshotError:
         """The error a program that did not succeed stands for."""
         raw = self.exit
-        redact = self.sandbox._guard.redact  # file names are the sandbox's, secrets included
+        redact = self.sandbox.guard.redact  # file names are the sandbox's, secrets included
         for doc in self.notes():
             if "rule" in doc:
                 member = doc.get("member")
@@ -283,7 +283,7 @@ class _Feeder:
             self.program.cancel()
 
 
-def _writer_args(sandbox: Sandbox, *, sub: str = "", prefix: str = PAYLOAD_PREFIX) -> dict[str, Any]:
+def _writer_args(sandbox: SandboxCore, *, sub: str = "", prefix: str = PAYLOAD_PREFIX) -> dict[str, Any]:
     return {
         "root": ".",
         "sub": sub,
@@ -303,7 +303,7 @@ def _read_program(program: _Program, gate: _Gate, rules: TarRules, **kw: Any) ->
         raise
 
 
-def _require(sandbox: Sandbox, capability: Capability, what: str) -> None:
+def _require(sandbox: SandboxCore, capability: Capability, what: str) -> None:
     if capability not in sandbox.backend.capabilities():
         raise UnsupportedCapabilityError(
             f"the {sandbox.backend.name!r} backend does not support {what} (capability {capability.value!r})"

@@ -32,15 +32,17 @@ from .programs import _read_program, _require, _writer_args
 from .rules import FORMAT_NAME, FORMAT_VERSION, MAX_FILE_SIZE, MiB, TarRules
 
 if TYPE_CHECKING:
-    from ..sandbox import Sandbox
+    from .._core import SandboxCore
 
 
-def snapshot(sandbox: Sandbox, path: str | os.PathLike[str], *, compress: bool = False) -> SnapshotMetadata:
+def snapshot(
+    sandbox: SandboxCore, path: str | os.PathLike[str], *, compress: bool = False
+) -> SnapshotMetadata:
     """Write the workspace to ``path`` as a snapshot tar.  See :meth:`Sandbox.snapshot`."""
-    sandbox._ch()  # raises SandboxDestroyedError first
+    sandbox.link()  # raises SandboxDestroyedError first
     _require(sandbox, Capability.SNAPSHOT, "snapshots")
     target = Path(os.fspath(path))
-    guard = sandbox._guard
+    guard = sandbox.guard
     guard.approve("snapshot", {"path": str(target), "compress": bool(compress)})
     created = time.time()
     try:
@@ -90,7 +92,7 @@ def snapshot(sandbox: Sandbox, path: str | os.PathLike[str], *, compress: bool =
 
 
 def _write_snapshot(
-    sandbox: Sandbox, raw: IO[bytes], created: float, compress: bool, *, live: bool, in_process: bool
+    sandbox: SandboxCore, raw: IO[bytes], created: float, compress: bool, *, live: bool, in_process: bool
 ) -> tuple[dict[str, Any], str]:
     """The workspace as a snapshot file into ``raw``; returns (metadata, the file's sha256)."""
     digest = _Digest(threaded=True)  # the payload, then (uncompressed) the rest of the file
@@ -183,11 +185,11 @@ def read_snapshot(path: str | os.PathLike[str]) -> SnapshotMetadata:
     return _metadata(doc, Path(os.fspath(path)), snap.size, whole, snap.compressed)
 
 
-def restore(sandbox: Sandbox, path: str | os.PathLike[str]) -> SnapshotMetadata:
+def restore(sandbox: SandboxCore, path: str | os.PathLike[str]) -> SnapshotMetadata:
     """Replace the workspace with a snapshot's.  See :meth:`Sandbox.restore`."""
-    sandbox._ch()
+    sandbox.link()
     _require(sandbox, Capability.SNAPSHOT, "restoring snapshots")
-    guard = sandbox._guard
+    guard = sandbox.guard
     guard.approve("restore", {"path": os.fspath(path)})
     max_bytes = sandbox.config.limits.workspace
     with _too_big_for(sandbox):
@@ -200,7 +202,7 @@ def restore(sandbox: Sandbox, path: str | os.PathLike[str]) -> SnapshotMetadata:
 
 
 @contextlib.contextmanager
-def _too_big_for(sandbox: Sandbox) -> Iterator[None]:
+def _too_big_for(sandbox: SandboxCore) -> Iterator[None]:
     """A snapshot that does not fit the workspace: say so, and how to make room."""
     try:
         yield
@@ -218,7 +220,7 @@ def _too_big_for(sandbox: Sandbox) -> Iterator[None]:
         ) from None
 
 
-def _restore(sandbox: Sandbox, path: str | os.PathLike[str], max_bytes: int) -> SnapshotMetadata:
+def _restore(sandbox: SandboxCore, path: str | os.PathLike[str], max_bytes: int) -> SnapshotMetadata:
     # Fast path: the extractor runs on the host, in the workspace, with the
     # sandbox frozen throughout (nothing in it can race the extraction).
     with _open_snapshot(path) as snap, _frozen_live(sandbox) as local:
@@ -239,7 +241,7 @@ def _restore(sandbox: Sandbox, path: str | os.PathLike[str], max_bytes: int) -> 
 
 
 def _restore_direct(
-    sandbox: Sandbox, snap: _SnapshotFile, max_bytes: int, local: Path
+    sandbox: SandboxCore, snap: _SnapshotFile, max_bytes: int, local: Path
 ) -> tuple[dict[str, Any], str]:
     """A plain snapshot file restored on the host: extracted and checked at the same time.
 
@@ -257,17 +259,3 @@ def _restore_direct(
         raise
     feeder.finish(commit=True)
     return doc, whole
-
-
-def from_snapshot(
-    cls: type[Sandbox], path: str | os.PathLike[str], image: str | None, kwargs: dict[str, Any]
-) -> Sandbox:
-    """Create a sandbox and restore a snapshot into it.  See :meth:`Sandbox.from_snapshot`."""
-    meta = read_snapshot(path)
-    sandbox = cls(image if image is not None else (meta.image or None), **kwargs)
-    try:
-        sandbox.restore(path)
-    except BaseException:
-        sandbox.destroy()
-        raise
-    return sandbox

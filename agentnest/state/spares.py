@@ -36,9 +36,9 @@ from ..runtime import bootstrap
 from ..runtime.base import Capability
 
 if TYPE_CHECKING:
+    from .._core import SandboxCore
     from ..config import SandboxConfig
     from ..runtime.base import RuntimeBackend, SandboxHandle
-    from ..sandbox import Sandbox
 
 log = logging.getLogger("agentnest.spares")
 
@@ -82,10 +82,10 @@ class _Spares:
         self._making: list[tuple[RuntimeBackend, SandboxConfig, threading.Thread]] = []
         self._failures: list[tuple[RuntimeBackend, SandboxConfig, int]] = []
         # Sandboxes that forked on the host and may fork again.
-        self._parents: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+        self._parents: weakref.WeakSet[SandboxCore] = weakref.WeakSet()
         self._closed = False
 
-    def take(self, parent: Sandbox, config: SandboxConfig) -> Spare | None:
+    def take(self, parent: SandboxCore, config: SandboxConfig) -> Spare | None:
         """The ready spare for a child of ``parent`` with ``config``, removed from the registry."""
         found: Spare | None = None
         with self._lock:
@@ -101,7 +101,7 @@ class _Spares:
             return None
         return found
 
-    def want(self, parent: Sandbox) -> None:
+    def want(self, parent: SandboxCore) -> None:
         """Have a spare of ``parent``'s configuration ready for its next fork (made in the background)."""
         backend, config = parent.backend, parent.config
         if Capability.WARM_FORK not in backend.capabilities():
@@ -110,6 +110,8 @@ class _Spares:
             if self._closed:
                 return
             self._parents.add(parent)
+            if self.forget not in parent.on_destroy:
+                parent.on_destroy.append(self.forget)  # its spares go when no live sandbox wants them
             if any(b is backend and _same(c, config) for b, c, _ in self._making):
                 return
             if any(s.backend is backend and _same(s.config, config) for s in self._ready):
@@ -122,7 +124,7 @@ class _Spares:
             self._making.append((backend, config, thread))
         thread.start()
 
-    def forget(self, parent: Sandbox) -> None:
+    def forget(self, parent: SandboxCore) -> None:
         """``parent`` is gone: drop the spares that no live sandbox wants any more."""
         with self._lock:
             self._parents.discard(parent)

@@ -16,8 +16,9 @@ from typing import IO, TYPE_CHECKING, cast
 from ..config import Artifact
 from ..errors import ChannelError, ConfigurationError, FileAccessError, SnapshotError
 from ..events import EventType
+from ..runtime.hostfs import host_workspace as _host_workspace
 from .archive import _Gate
-from .host import _host_workspace, _start_hasher, _start_writer
+from .host import _start_hasher, _start_writer
 from .programs import _read_program, _writer_args
 from .rules import (
     _HEX64,
@@ -33,10 +34,10 @@ from .rules import (
 )
 
 if TYPE_CHECKING:
-    from ..sandbox import Sandbox
+    from .._core import SandboxCore
 
 
-def artifacts(sandbox: Sandbox, pattern: str = "**/*") -> tuple[Artifact, ...]:
+def artifacts(sandbox: SandboxCore, pattern: str = "**/*") -> tuple[Artifact, ...]:
     """Regular files matching ``pattern``, hashed in the sandbox.  See :meth:`Sandbox.artifacts`."""
     workdir = sandbox.config.workdir.rstrip("/")
     if isinstance(pattern, str) and pattern.startswith("/"):
@@ -44,12 +45,12 @@ def artifacts(sandbox: Sandbox, pattern: str = "**/*") -> tuple[Artifact, ...]:
             raise ConfigurationError(f"the pattern {pattern!r} is outside the workspace {workdir}")
         pattern = pattern[len(workdir) :].lstrip("/") or "**"
     base, regex = glob_to_regex(pattern)
-    sandbox._ch()
-    sandbox._guard.approve("file.list", {"pattern": pattern})
+    sandbox.link()
+    sandbox.guard.approve("file.list", {"pattern": pattern})
     return tuple(_artifacts(sandbox, base, regex, pattern))
 
 
-def _artifacts(sandbox: Sandbox, base: str, regex: str, pattern: str) -> Iterator[Artifact]:
+def _artifacts(sandbox: SandboxCore, base: str, regex: str, pattern: str) -> Iterator[Artifact]:
     compiled = re.compile(regex, re.S)
     # Fast path: on the host, over the live workspace (as the sandbox's UID,
     # through descriptors that never follow a link: see _LocalProgram).
@@ -73,7 +74,7 @@ def _artifacts(sandbox: Sandbox, base: str, regex: str, pattern: str) -> Iterato
                     raise FileAccessError(f"more than {MAX_ARTIFACTS} files match", code="too_many")
                 found = _artifact(line, compiled)
                 # File names come from the sandbox: they may spell a secret.
-                yield dataclasses.replace(found, path=sandbox._guard.redact(found.path))
+                yield dataclasses.replace(found, path=sandbox.guard.redact(found.path))
             if len(buffer) > 3 * MAX_NAME_BYTES + 200:
                 raise ChannelError("the hasher sent an overlong line")
         try:
@@ -84,7 +85,7 @@ def _artifacts(sandbox: Sandbox, base: str, regex: str, pattern: str) -> Iterato
             raise ChannelError("the hasher's output ended mid-line")
     finally:
         program.cancel()
-    sandbox._guard.emit(EventType.FILE_READ, {"pattern": pattern, "files": count})
+    sandbox.guard.emit(EventType.FILE_READ, {"pattern": pattern, "files": count})
 
 
 def _artifact(line: bytes, compiled: re.Pattern[str]) -> Artifact:
@@ -109,12 +110,12 @@ def _artifact(line: bytes, compiled: re.Pattern[str]) -> Artifact:
     return Artifact(path, size, sha)
 
 
-def download(sandbox: Sandbox, path: str, dest: str | os.PathLike[str]) -> Path:
+def download(sandbox: SandboxCore, path: str, dest: str | os.PathLike[str]) -> Path:
     """Copy a workspace file or tree into a host directory.  See :meth:`Sandbox.download`."""
-    guard = sandbox._guard
+    guard = sandbox.guard
     rel = guard.workspace_path(path)
     target_dir = Path(os.fspath(dest))
-    sandbox._ch()
+    sandbox.link()
     guard.approve("file.read", {"path": guard.absolute(rel), "dest": str(target_dir)})
     name = rel.rsplit("/", 1)[-1]
     prefix = name or PAYLOAD_PREFIX

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agentnest import ChannelError, Sandbox, SandboxDestroyedError
+from agentnest._core import core_of
 from agentnest.channel.client import STALL_AFTER
 
 from .helpers import Background, container_of, containers_of
@@ -63,7 +64,7 @@ def test_restarted_agent_killed_during_a_call_is_noticed_at_once(sandbox: Sandbo
 def test_agent_killed_between_calls(backend_name: str) -> None:
     with Sandbox(backend=backend_name, timeout=120) as sb:
         sb.write_file("keep.txt", "keep")
-        channel = sb._channel
+        channel = core_of(sb).channel
         assert channel is not None
         sb.exec_shell("agent=$PPID; (sleep 0.2; kill -9 $agent) >/dev/null 2>&1 &").check()
         # Wait for the agent's death to reach the host (PID 1's notice), not a fixed time.

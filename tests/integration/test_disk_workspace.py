@@ -24,13 +24,15 @@ from typing import Any
 import pytest
 
 from agentnest import ConfigurationError, FileAccessError, Sandbox, SecurityPolicy, SnapshotError
+from agentnest._core import core_of
+from agentnest.runtime import hostfs as hostfiles
 from agentnest.runtime import storage
 from agentnest.runtime.docker import DockerBackend
 from agentnest.runtime.docker.prune import SANDBOX_GONE, prune
+from agentnest.runtime.hostfs import host_workspace as _host_workspace
 from agentnest.runtime.registry import get_backend
 from agentnest.runtime.storage import StoragePool
-from agentnest.state import SPARES, hostfiles
-from agentnest.state.host import _host_workspace
+from agentnest.state import SPARES
 from agentnest.testing.wait import wait_until
 
 from .helpers import REPO, SANDBOX_UID, Background, need_storage_pool, xfail_on
@@ -429,7 +431,7 @@ def test_file_errors_are_the_same_on_both_paths(
     assert reads["disk"] == reads["memory"] == EXPECTED
     # The host path itself answers so, not a fallback to the channel; on gVisor a name the
     # host cannot find is left to the agent (FIFOs and sockets made inside live in its kernel).
-    limit = disk._guard.policy.read_limit
+    limit = core_of(disk).guard.policy.read_limit
     direct = {p: outcome(lambda p=p: hostfiles.read(disk, p, limit)) for p in READS}
     deferred = {"bad/missing": "ok", "bad/fifo": "ok"} if backend_name == "gvisor" else {}
     assert direct == {**EXPECTED, **deferred}

@@ -28,6 +28,7 @@ from doubles.kube.cluster import ClusterState
 from doubles.kube.node import DockerNode
 
 from agentnest import Sandbox, SecurityPolicy
+from agentnest._core import core_of
 from agentnest.errors import ConfigurationError, SandboxDestroyedError, VerificationError
 from agentnest.events import EventType, MemoryObserver
 from agentnest.runtime.base import RuntimeBackend
@@ -177,7 +178,7 @@ def test_a_cut_stream_reattaches_to_the_same_agent_with_its_sessions(
     with Sandbox(base_image(), backend=backend, timeout=120, observers=[sink]) as sb:
         sb.python_session(name="main").run("x = 41")
         pid = sb.exec_shell("echo $PPID").stdout
-        channel = sb._channel
+        channel = core_of(sb).channel
         assert channel is not None
         assert double.api.cut_streams() >= 1
         wait_until(lambda: not channel.alive, "the host to see its stream cut", within=30)

@@ -19,6 +19,7 @@ from agentnest import (
     Secret,
     SecurityPolicy,
 )
+from agentnest._core import core_of
 from agentnest.pool import CLEAN_SCRIPT
 from agentnest.testing.wait import wait_until
 
@@ -72,7 +73,8 @@ def test_health_check_replaces_a_killed_container(backend_name: str, docker_clie
         container.kill()  # behind the pool's back
         # The host notices through the channel; a sandbox reset moments ago is lent
         # without a ping only while its channel is open (pool.FRESH_RESET).
-        wait_until(lambda: first._channel is None or not first._channel.alive, "the channel to break")
+        core = core_of(first)
+        wait_until(lambda: core.channel is None or not core.channel.alive, "the channel to break")
         with pool.acquire() as sandbox:
             assert sandbox is not first
             assert sandbox.exec_shell("echo fresh").stdout == "fresh\n"

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from agentnest import MemoryObserver, Sandbox
+from agentnest._core import core_of
 from agentnest.events import EventType
 from agentnest.runtime.docker import base_image
 from agentnest.runtime.remote import RemoteBackend
@@ -173,8 +174,9 @@ def test_dropped_agent_channel_kills_its_commands(live: Live) -> None:
             chunks = iter(sb.stream_shell("sleep 300 & echo go; wait", env={"AN_TAG": tag}))
             assert next(chunks).data == "go\n"
             wait_count(a, sb.id, tag, 2)
-            assert sb._channel is not None
-            sb._channel.close("client crashed")  # the websocket drops without a word
+            channel = core_of(sb).channel
+            assert channel is not None
+            channel.close("client crashed")  # the websocket drops without a word
             wait_count(a, sb.id, tag, 0)
             assert sb.exec_shell("echo back").stdout == "back\n"  # a new agent, same sandbox
 

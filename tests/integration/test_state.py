@@ -29,6 +29,7 @@ from agentnest import (
     SnapshotError,
     state,
 )
+from agentnest._core import core_of
 
 from .helpers import container_of, listing, need_storage_pool, owned_containers
 
@@ -99,7 +100,7 @@ def parent(backend_name: str, workspace: str) -> Iterator[Sandbox]:
 def test_fork_is_an_independent_copy(parent: Sandbox, docker_client: Any) -> None:
     before = listing(parent)
     events = MemoryObserver()
-    parent._guard.observers = (*parent._guard.observers, events)
+    core_of(parent).guard.observers = (*core_of(parent).guard.observers, events)
     with parent.fork() as child:
         assert child.id != parent.id
         assert listing(child) == before
@@ -250,7 +251,7 @@ def test_snapshot_and_restore_on_a_read_only_root(parent: Sandbox, tmp_path: Pat
     before = listing(parent)
     path = tmp_path / "snap.tar"
     events = MemoryObserver()
-    parent._guard.observers = (*parent._guard.observers, events)
+    core_of(parent).guard.observers = (*core_of(parent).guard.observers, events)
     meta = parent.snapshot(path)
     assert meta.image == parent.config.image and meta.sandbox_id == parent.id
     assert meta.files == 5

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from agentnest import EventType, MemoryObserver, Sandbox, Secret
+from agentnest._core import core_of
 from agentnest.config import ResourceLimits, SandboxConfig
 from agentnest.errors import UnsupportedCapabilityError
 from agentnest.runtime import mounts, storage
@@ -255,7 +256,7 @@ def test_a_warm_child_runs_as_the_sandbox_user_with_the_parents_environment() ->
             assert got == seen and token not in got
             assert got.splitlines()[:3] == [str(SANDBOX_UID), str(SANDBOX_UID), "visible"]
             # Its agent (and so every command) is the sandbox's user too, never root.
-            hello = child._ch().hello
+            hello = core_of(child).link().hello
             assert hello is not None and hello.uid == SANDBOX_UID
 
 

@@ -39,10 +39,12 @@ from agentnest import (
     SandboxDestroyedError,
     SandboxEvent,
 )
-from agentnest.aio import _LoopBridge
+from agentnest._bridge import _LoopBridge, _ThreadIterator
+from agentnest._core import core_of
 from agentnest.guard import ApprovalRequest
 from agentnest.policy import SecurityPolicy
 from agentnest.runtime.base import Capability
+from agentnest.sandbox import wrap
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -156,7 +158,7 @@ async def test_logs(sandbox: AsyncSandbox) -> None:
 
 
 async def test_exec_family_matches_the_sync_face(sandbox: AsyncSandbox) -> None:
-    sync: Sandbox = sandbox._sandbox
+    sync: Sandbox = wrap(core_of(sandbox))
     cases: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
         ("exec", (["printf", "%s|", "a b", "$HOME"],), {}),
         ("exec_shell", ("echo out; echo err >&2; exit 3",), {}),
@@ -218,7 +220,7 @@ async def test_cancelling_an_awaited_exec_kills_its_process_tree(sandbox: AsyncS
         tg.cancel_scope.cancel()
     await wait_for(lambda: tagged(tag) == [], "the command's process tree to die")
     # The abandoned wait let go of the channel, and the sandbox works on.
-    channel = sandbox._sandbox._channel
+    channel = core_of(sandbox).channel
     assert channel is not None
     await wait_for(lambda: not channel._pending, "the channel to forget the cancelled command")
     assert (await sandbox.exec_shell("echo alive")).stdout == "alive\n"
@@ -469,7 +471,6 @@ async def test_python_session_twin_interrupts_on_cancel(sandbox: AsyncSandbox) -
 
 
 async def test_thread_iterator_interrupts_and_closes_on_cancel() -> None:
-    from agentnest.aio import _ThreadIterator
 
     release = threading.Event()
     closed = threading.Event()

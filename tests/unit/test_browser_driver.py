@@ -13,7 +13,7 @@ import struct
 import sys
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -26,6 +26,7 @@ from agentnest import (
     SelectorNotFoundError,
     TemplateBuildError,
 )
+from agentnest._core import SandboxCore, bind
 from agentnest.browser import driver, image
 from agentnest.browser.driver import RESULT_MARK, Browser, check_url, png_size
 from agentnest.session import DisplayItem
@@ -132,14 +133,25 @@ class Config:
 class FakeSandbox:
     def __init__(self, session: Session) -> None:
         self.session = session
-        self._guard = Guard()
+        self.guard = Guard()
         self.config = Config()
         self.sessions_opened = 0
+        bind(self, cast(SandboxCore, self))  # the browser takes it as a sandbox's core
 
     def python_session(self, *, name: str | None = None) -> Session:
         assert name == driver.SESSION_NAME
         self.sessions_opened += 1
         return self.session
+
+
+@pytest.fixture(autouse=True)
+def sessions_of_the_fake(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The browser opens its session through agentnest.session: the fake hands out its scripted one."""
+
+    def open_session(core: FakeSandbox, *, name: str | None, start_timeout: float) -> Session:
+        return core.python_session(name=name)
+
+    monkeypatch.setattr(driver, "open_python_session", open_session)
 
 
 def answer(payload: Any) -> Result:
@@ -148,7 +160,7 @@ def answer(payload: Any) -> Result:
 
 def browser_with(*answers: Any) -> tuple[Browser, FakeSandbox]:
     sandbox = FakeSandbox(Session(list(answers)))
-    return Browser(sandbox, timeout=5), sandbox  # type: ignore[arg-type]
+    return Browser(sandbox, timeout=5), sandbox
 
 
 def test_answers_become_values_and_errors_of_the_one_tree() -> None:

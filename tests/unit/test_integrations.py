@@ -653,7 +653,7 @@ def test_runner_refuses_a_sandbox_with_arguments_to_create_one(
         SandboxRunner(sandbox, stateful="no")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="timeout"):
         SandboxRunner(timeout=-1, image="local", backend=backend)
-    assert backend.agents.keys() == {sandbox._handle.id}  # nothing was created by the refusals
+    assert backend.agents.keys() == {sandbox.handle.id}  # nothing was created by the refusals
     passed = SandboxRunner(sandbox)
     passed.close()
     assert not passed.owns_sandbox and not sandbox.destroyed  # a sandbox passed in stays

@@ -31,6 +31,7 @@ from agentnest import (
     Sandbox,
     SandboxPool,
 )
+from agentnest._core import Command, SandboxCore, bind, core_of
 from agentnest.errors import ChannelError
 from agentnest.pool import CLEAN_SCRIPT
 from agentnest.runtime.docker.egress import EgressLog
@@ -61,11 +62,12 @@ class FakeSandbox:
         self.clean_gate = threading.Event()
         self.clean_gate.set()
         #: None: no channel object, so every acquire pings; set to self to model an open one.
-        self._channel: FakeSandbox | None = None
+        self.channel: FakeSandbox | None = None
         self.alive = True
         self.hello: Any = None  # no capabilities: no session calls
         self.sessions_left: list[int] = []
         self.closed_sessions: list[int] = []
+        bind(self, cast(SandboxCore, self))  # its own core: the pool reaches it through core_of
 
     def destroy(self) -> None:
         self.destroy_calls += 1
@@ -73,8 +75,11 @@ class FakeSandbox:
             self.destroyed = True
             self._factory.gone(self)
 
-    def _ch(self) -> FakeSandbox:
+    def link(self) -> FakeSandbox:
         return self
+
+    def run(self, command: Command) -> Any:
+        return self.exec(list(command.argv), timeout=command.timeout)
 
     def request(self, header: dict[str, Any], deadline: float | None) -> dict[str, Any]:
         assert header["t"] == "ping"
@@ -313,7 +318,7 @@ def test_a_fresh_reset_spares_the_ping(pools: list[SandboxPool], factory: Factor
     with pool.acquire() as sandbox:
         first = fake(sandbox)
         assert first.pings == 1  # never cleaned yet: pinged
-        first._channel = first  # an open channel
+        first.channel = first  # an open channel
     wait_until(lambda: pool.stats.idle == 1, "the reset")
     with pool.acquire() as sandbox:
         assert first.pings == 1  # the reset just proved the agent answers
@@ -629,7 +634,7 @@ async def test_async_pool_lends_async_sandboxes(factory: Factory) -> None:
         assert pool.stats.idle == 2 and pool.size == 2
         async with pool.acquire() as sandbox:
             assert isinstance(sandbox, AsyncSandbox)
-            assert fake(sandbox._sandbox) in factory.made
+            assert fake(cast(Sandbox, core_of(sandbox))) in factory.made
             assert pool.stats.in_use == 1
         assert "AsyncSandboxPool" in repr(pool)
     assert pool.closed and all(s.destroyed for s in factory.made)
@@ -649,7 +654,7 @@ async def test_async_pool_exhausted_and_cancelled_waits(factory: Factory) -> Non
             assert scope.cancelled_caught and time.monotonic() - t0 < WAIT / 2
         # The cancelled wait did not keep a lease: the sandbox is lent again.
         async with pool.acquire(timeout=WAIT) as again:
-            assert again._sandbox is not held._sandbox and held.destroyed  # reset="destroy"
+            assert core_of(again) is not core_of(held) and held.destroyed  # reset="destroy"
             assert pool.stats.in_use == 1
         assert pool.stats.in_use == 0
 

@@ -15,6 +15,7 @@ import pytest
 from server_fakes import IMAGE, LocalBackend, auth, make_settings
 
 from agentnest import MemoryObserver, Sandbox
+from agentnest._core import core_of
 from agentnest.errors import ConfigurationError
 from agentnest.events import EventType
 from agentnest.runtime.remote import RemoteBackend
@@ -161,8 +162,9 @@ def test_the_remote_backend_s_session_lease_ends_when_its_channel_closes(
         time.sleep(3 * GRACE)  # longer than the grace, while the channel is open
         assert sandbox.id in service.entries and sandbox.exec_shell("echo still").stdout == "still\n"
         # The client "dies": its channel closes without a destroy.
-        assert sandbox._channel is not None
-        sandbox._channel.close()
+        channel = core_of(sandbox).channel
+        assert channel is not None
+        channel.close()
         wait_until(lambda: sandbox.id not in service.entries, "the orphaned sandbox being reaped", within=10)
     finally:
         remote.close()

@@ -12,6 +12,7 @@ import pytest
 from server_fakes import IMAGE, LocalBackend, add_token, auth, killed_on_exit, make_settings, tagged
 
 from agentnest import ChannelError, ConfigurationError, Sandbox, SandboxConfig, SandboxDestroyedError
+from agentnest._core import core_of
 from agentnest.runtime.remote import RemoteBackend
 from agentnest.server.app import ServerSettings, create_app
 from agentnest.server.thread import serve_in_thread
@@ -54,9 +55,9 @@ def test_sandbox_api_through_the_remote_backend(server: tuple[str, ServerSetting
             assert session.run("x * 2 + 2").result == "42"
             new_deadline = sb.extend(30)
             assert abs(new_deadline - sb.deadline) < 1e-6
-            assert remote.is_running(sb._handle)
-        assert not remote.is_running(sb._handle)
-        assert remote.exit_reason(sb._handle) is not None
+            assert remote.is_running(sb.handle)
+        assert not remote.is_running(sb.handle)
+        assert remote.exit_reason(sb.handle) is not None
         with pytest.raises(SandboxDestroyedError):
             sb.exec_shell("true")
     finally:
@@ -70,9 +71,9 @@ def test_channel_is_only_for_the_owner(server: tuple[str, ServerSettings, LocalB
     try:
         with Sandbox(IMAGE, timeout=60, backend=owner) as sb:
             with pytest.raises(ChannelError, match="refused"):
-                other.open_channel(sb._handle)
-            assert not other.is_running(sb._handle)
-            other.destroy(sb._handle)  # idempotent and harmless: not its sandbox
+                other.open_channel(sb.handle)
+            assert not other.is_running(sb.handle)
+            other.destroy(sb.handle)  # idempotent and harmless: not its sandbox
             assert sb.exec_shell("echo still here").stdout == "still here\n"
     finally:
         owner.close()
@@ -148,8 +149,9 @@ def test_closing_the_agent_channel_kills_its_commands(
             assert next(chunks).data == "go\n"
             wait_until(lambda: len(tagged(tag)) == 2, "sh and the sleep to run")
             # The client process "crashes": its websocket closes without a word.
-            assert sb._channel is not None
-            sb._channel.close("client gone")
+            channel = core_of(sb).channel
+            assert channel is not None
+            channel.close("client gone")
             wait_until(lambda: tagged(tag) == [], "the agent to kill its commands")
             assert sb.exec_shell("echo new agent").stdout == "new agent\n"
     finally:

@@ -32,6 +32,7 @@ from agentnest import (
     SessionLostError,
     UnsupportedCapabilityError,
 )
+from agentnest._core import core_of
 from agentnest.agent import sessions as agent_sessions
 from agentnest.agent import wire
 from agentnest.agent.limits import MAX_SESSIONS, NAME_MAX, valid_key, valid_name
@@ -296,7 +297,7 @@ def test_after_an_agent_restart_the_name_starts_afresh(tmp_path: Path) -> None:
 
 def test_an_agent_without_names_is_refused_clearly(tmp_path: Path) -> None:
     with Sandbox("local", timeout=120, backend=LocalBackend(tmp_path)) as sb:
-        ch = sb._ch()
+        ch = core_of(sb).link()
         assert ch.hello is not None
         ch.hello = dataclasses.replace(ch.hello, capabilities=frozenset({"session"}))
         with pytest.raises(UnsupportedCapabilityError, match="named Python sessions"):
@@ -460,7 +461,7 @@ def test_a_sandbox_whose_channel_was_replaced_keeps_its_sessions(tmp_path: Path)
         anon = sb.python_session()
         anon.run("y = 1")
         pids = (main.pid, anon.pid)
-        old = sb._channel
+        old = core_of(sb).channel
         backend.relays[sb.id].drop()
         wait_until(lambda: old is not None and not old.alive, "the channel to break")
 

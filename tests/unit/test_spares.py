@@ -24,11 +24,11 @@ from typing import Any, cast
 
 import pytest
 
+from agentnest._core import SandboxCore
 from agentnest.config import ResourceLimits, SandboxConfig
 from agentnest.errors import BackendError
 from agentnest.policy import NetworkPolicy
 from agentnest.runtime.base import Capability, RuntimeBackend, SandboxHandle
-from agentnest.sandbox import Sandbox
 from agentnest.state import spares
 from agentnest.state.spares import MAX_FAILURES, SPARE_MAX_AGE, Spare, _same, _Spares
 from agentnest.testing.fake import FakeBackend
@@ -105,10 +105,11 @@ class Parent:
         self.backend = backend
         self.config = config
         self.destroyed = False
+        self.on_destroy: list[Any] = []
 
 
-def parent(backend: RuntimeBackend, config: SandboxConfig = CONFIG) -> Sandbox:
-    return cast(Sandbox, Parent(backend, config))
+def parent(backend: RuntimeBackend, config: SandboxConfig = CONFIG) -> SandboxCore:
+    return cast(SandboxCore, Parent(backend, config))
 
 
 @pytest.fixture
@@ -131,7 +132,7 @@ def backend() -> Iterator[SpareBackend]:
         made.close_peers()
 
 
-def ready_one(registry: _Spares, sb: Sandbox) -> None:
+def ready_one(registry: _Spares, sb: SandboxCore) -> None:
     registry.want(sb)
     assert registry.wait_idle(WAIT)
     assert registry.ready() == 1
@@ -260,7 +261,7 @@ def test_want_makes_one_spare_per_key_even_when_called_at_once(
     parents = [parent(backend) for _ in range(8)]
     start = threading.Barrier(len(parents))
 
-    def want(sb: Sandbox) -> None:
+    def want(sb: SandboxCore) -> None:
         start.wait(WAIT)
         registry.want(sb)
 

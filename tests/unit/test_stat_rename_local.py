@@ -23,6 +23,7 @@ from agentnest import (
     Sandbox,
     UnsupportedCapabilityError,
 )
+from agentnest._core import core_of
 from agentnest.agent import loop
 from agentnest.agent.files import FileError, Workspace
 from agentnest.approvals import ApprovalRule, RuleApprover
@@ -187,7 +188,7 @@ def sandbox(tmp_path: Path, observer: MemoryObserver) -> Iterator[Sandbox]:
 
 
 def root_of(sb: Sandbox) -> Path:
-    return Path(sb._handle.info["workspace"])
+    return Path(sb.handle.info["workspace"])
 
 
 def test_stat_a_file_a_directory_a_link_and_the_root(sandbox: Sandbox) -> None:
@@ -279,7 +280,7 @@ def test_rename_asks_about_both_paths(tmp_path: Path) -> None:
 
 def test_rename_on_an_agent_without_move_says_it_is_too_old(sandbox: Sandbox) -> None:
     sandbox.write_file("a", "A")
-    channel = sandbox._ch()
+    channel = core_of(sandbox).link()
     assert channel.hello is not None
     # What a host sees of an agent from before "move" (a restored older checkpoint).
     channel.hello = dataclasses.replace(channel.hello, capabilities=channel.hello.capabilities - {"move"})
@@ -292,5 +293,5 @@ def test_rename_on_an_agent_without_move_says_it_is_too_old(sandbox: Sandbox) ->
 def test_an_unknown_request_leaves_the_agent_serving(sandbox: Sandbox) -> None:
     # What an older agent does with "move": an error frame, and it lives on.
     with pytest.raises(ChannelError, match="unknown"):
-        sandbox._ch().request({"t": "no-such-request"}, None)
+        core_of(sandbox).link().request({"t": "no-such-request"}, None)
     assert sandbox.exec_shell("echo alive").stdout == "alive\n"

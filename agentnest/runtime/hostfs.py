@@ -1,4 +1,7 @@
-"""``read_file`` and ``write_file`` from the host side: the fast path for a local disk workspace.
+"""Workspace files from the host side: the fast path for a local disk workspace.
+
+This module decides whether the host may touch a sandbox's workspace itself
+(:func:`host_workspace`) and does ``read_file`` and ``write_file`` there.
 
 The same code as the agent's (:class:`agentnest.agent.files.Workspace`: every
 path walked one component at a time from a descriptor of the workspace root
@@ -17,19 +20,79 @@ Where that cannot be set up (not Linux, not root), callers use the channel.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import os
+import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..agent.files import FileError, Workspace
 from ..errors import FileAccessError, FileTooLargeError
-from .host import _host_workspace, become
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from ..config import SandboxConfig
+    from .base import RuntimeBackend, SandboxHandle
 
-    from ..sandbox import Sandbox
+
+class HostTarget(Protocol):
+    """What the fast path needs of a sandbox: its backend, handle and configuration."""
+
+    @property
+    def backend(self) -> RuntimeBackend: ...
+    @property
+    def handle(self) -> SandboxHandle: ...
+    @property
+    def config(self) -> SandboxConfig: ...
+
+
+def become(uid: int, gid: int) -> None:
+    """Make this thread's filesystem UID and GID ``uid:gid`` (``setfsuid``/``setfsgid``: per thread).
+
+    A non-zero fsuid also drops the thread's file capabilities: the kernel
+    checks each access as it would for the sandbox's own process, and what
+    the thread creates belongs to the sandbox.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.setfsgid(gid)  # the group first, while the thread may still change it
+    libc.setfsuid(uid)
+    # Each call returns the previous value; an invalid one (-1) changes nothing.
+    if libc.setfsuid(-1) != uid or libc.setfsgid(-1) != gid:
+        raise OSError("setfsuid/setfsgid did not take effect")
+
+
+@lru_cache(maxsize=1)
+def host_python() -> str | None:
+    """An interpreter on this host that any user may run, or ``None``.
+
+    The programs run as the sandbox's UID, which cannot run an interpreter
+    in a private directory (a venv or pyenv under /root); -I -S need nothing
+    of a venv, so the real interpreter, or the system's, does.
+    """
+    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3"):
+        path = Path(os.path.realpath(candidate))
+        try:
+            if not path.is_file() or path.stat().st_mode & 0o005 != 0o005:
+                continue
+            if all(parent.stat().st_mode & 0o001 for parent in path.parents):
+                return str(path)
+        except OSError:
+            continue
+    return None
+
+
+def host_workspace(sandbox: HostTarget, *, write: bool = False) -> Path | None:
+    """The sandbox's workspace directory on this host when the fast path applies, else ``None``.
+
+    ``write``: the host writes there (see ``RuntimeBackend.workspace_path``).
+    """
+    path = sandbox.backend.workspace_path(sandbox.handle, write=write)
+    if path is None or host_python() is None or not sandbox.config.user.replace(":", "").isdigit():
+        return None
+    return path
+
 
 T = TypeVar("T")
 _workers: dict[tuple[int, int], concurrent.futures.ThreadPoolExecutor | None] = {}
@@ -56,7 +119,7 @@ def _worker(uid: int, gid: int) -> concurrent.futures.ThreadPoolExecutor | None:
         return pool
 
 
-def _call(sandbox: Sandbox, path: Path, rel: str, fn: Callable[[Workspace], T]) -> tuple[bool, T | None]:
+def _call(sandbox: HostTarget, path: Path, rel: str, fn: Callable[[Workspace], T]) -> tuple[bool, T | None]:
     """``(True, fn(workspace))`` on the host as the sandbox's user, or ``(False, None)``: use the channel."""
     uid, _, gid = sandbox.config.user.partition(":")
     worker = _worker(int(uid), int(gid or uid))
@@ -89,18 +152,18 @@ def _call(sandbox: Sandbox, path: Path, rel: str, fn: Callable[[Workspace], T]) 
         return False, None
 
 
-def read(sandbox: Sandbox, rel: str, max_bytes: int) -> bytes | None:
+def read(sandbox: HostTarget, rel: str, max_bytes: int) -> bytes | None:
     """The file's bytes read on the host, or ``None`` when the channel must do it."""
-    path = _host_workspace(sandbox)
+    path = host_workspace(sandbox)
     if path is None:
         return None
     done, data = _call(sandbox, path, rel, lambda ws: b"".join(ws.read(rel, max_bytes)))
     return data if done else None
 
 
-def write(sandbox: Sandbox, rel: str, data: bytes, mode: int) -> bool:
+def write(sandbox: HostTarget, rel: str, data: bytes, mode: int) -> bool:
     """Write the file on the host; ``False`` when the channel must do it."""
-    path = _host_workspace(sandbox, write=True)
+    path = host_workspace(sandbox, write=True)
     if path is None:
         return False
     # The agent numbers its own writes from 1; these temp names cannot meet its.
