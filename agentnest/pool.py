@@ -86,8 +86,8 @@ FRESH_RESET = 0.5
 #:
 #: 1. It refuses to run anywhere but in a sandbox: the first two lines of
 #:    PID 1's command line (NULs dropped by the shell) must be those of
-#:    AgentNest's keeper (``python3 -S -c "import os, sys`` ..., from
-#:    runtime/bootstrap.py; if that ever changes, every clean fails and the
+#:    AgentNest's keeper (``python3 -S -c`` and the loader's first line,
+#:    ``import sys``, from runtime/bootstrap.py; if that ever changes, every clean fails and the
 #:    pool destroys instead: safe).
 #:    On a host, "kill every process but my parent" would be a disaster.
 #: 2. It SIGKILLs every process except PID 1, its parent (the agent) and

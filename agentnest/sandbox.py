@@ -853,11 +853,11 @@ class Sandbox:
 class ExecutionStream:
     """Output of a running command, chunk by chunk.  Iterate it once."""
 
-    def __init__(self, core: SandboxCore, handle: ExecHandle, timeout: float | None) -> None:
-        self._sandbox = core
+    def __init__(self, sandbox: SandboxCore, handle: ExecHandle, timeout: float | None) -> None:
+        self._sandbox = sandbox
         self._handle = handle
         self._timeout = timeout
-        self._decoder = core.guard.stream_decoder()
+        self._decoder = sandbox.guard.stream_decoder()
         self._out: list[bytes] = []
         self._err: list[bytes] = []
         self.result: ExecutionResult | None = None

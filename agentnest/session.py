@@ -1,7 +1,7 @@
 """Persistent Python sessions: ``Sandbox.python_session()``.
 
 A session is one Python interpreter process in the sandbox, started and
-driven by the in-sandbox agent (:mod:`agentnest.agent.interpreter`); nothing
+driven by the in-sandbox agent (:mod:`agentnest.agent.sessions`); nothing
 is written to the workspace.  Variables, imports and open handles live
 across :meth:`PythonSession.run` calls, and the value of a trailing
 expression comes back as ``result``, as in a notebook.
@@ -104,7 +104,7 @@ class PythonSession:
 
     A run's ``timeout`` interrupts the code with ``KeyboardInterrupt`` and
     keeps the session: what it defined before stays.  Code that ignores the
-    interrupt for :data:`~agentnest.agent.interpreter.INTERRUPT_GRACE`
+    interrupt for :data:`~agentnest.agent.limits.INTERRUPT_GRACE`
     seconds is killed with its interpreter, and the session is lost.
 
     A session runs one piece of code at a time; several sessions per sandbox
@@ -251,7 +251,7 @@ class PythonSession:
 
         The session keeps its state; the run returns with the traceback in
         ``error``.  Code that ignores the interrupt for
-        :data:`~agentnest.agent.interpreter.INTERRUPT_GRACE` seconds is
+        :data:`~agentnest.agent.limits.INTERRUPT_GRACE` seconds is
         killed, and the session is lost.  Does nothing when no code runs.
         """
         handle = self._current

@@ -88,6 +88,7 @@ from manager import bench_manager  # noqa: E402
 
 import agentnest  # noqa: E402
 from agentnest import Sandbox, SandboxPool, SecurityPolicy  # noqa: E402
+from agentnest._core import core_of  # noqa: E402
 from agentnest.runtime.base import Capability  # noqa: E402
 from agentnest.runtime.docker import DockerBackend  # noqa: E402
 from agentnest.runtime.registry import get_backend  # noqa: E402
@@ -843,7 +844,7 @@ def bench_session(backend: str, plan: Plan) -> Result:
             ref.samples.append(timed(lambda: sandbox.exec_shell("true")))
         if session.run("x").result != str(50 + plan.warm):
             raise RuntimeError("the session lost count")
-        channel = sandbox._ch()  # the bare host <-> agent round trip, for scale
+        channel = core_of(sandbox).link()  # the bare host <-> agent round trip, for scale
         for _ in range(plan.warm):
             pings.append(timed(lambda: channel.request({"t": "ping"}, time.monotonic() + 10)))
         session.close()

@@ -4,7 +4,7 @@ W=$1
 argv= code=
 { { IFS= read -r argv; IFS= read -r code; } < /proc/1/cmdline; } 2>/dev/null
 case $argv/$code in
-  python3-S-c/import\ os,\ sys) ;;
+  python3-S-c/import\ sys) ;;
   *) echo "refused: PID 1 is not the AgentNest keeper, so this is not a sandbox"; exit 3 ;;
 esac
 me=$$
