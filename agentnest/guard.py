@@ -418,8 +418,8 @@ _C = TypeVar("_C", bound=type)
 def scrub_errors(cls: _C) -> _C:
     """Class decorator: errors leaving a public method have secrets redacted.
 
-    The instance's guard is ``self._guard`` (or the guard of ``self._core``,
-    ``self._sandbox`` or ``self._session``: a core's is ``.guard``).
+    The instance's guard is ``self._guard`` (or that of ``self._sandbox`` or
+    ``self._session``).
     A message can quote what the sandbox sent (an agent's error, a path, a
     traceback line), so every public method of the public classes passes
     its errors through :meth:`Guard.scrub` on the way out.
@@ -435,10 +435,10 @@ def scrub_errors(cls: _C) -> _C:
 
 
 def _guard_of(obj: Any) -> Guard | None:
-    for owner in (obj, *(getattr(obj, name, None) for name in ("_core", "_sandbox", "_session"))):
-        for guard in (getattr(owner, "_guard", None), getattr(owner, "guard", None)):
-            if isinstance(guard, Guard):
-                return guard
+    for owner in (obj, getattr(obj, "_sandbox", None), getattr(obj, "_session", None)):
+        guard = getattr(owner, "_guard", None)
+        if isinstance(guard, Guard):
+            return guard
     return None
 
 

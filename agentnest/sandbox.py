@@ -164,6 +164,7 @@ class Sandbox:
 
     def _hold(self, core: SandboxCore) -> None:
         self._core = core
+        self._guard = core.guard  # scrub_errors redacts this face's errors with it
         bind(self, core)
         _FACE_OF[core] = weakref.ref(self)
 
@@ -855,6 +856,7 @@ class ExecutionStream:
 
     def __init__(self, sandbox: SandboxCore, handle: ExecHandle, timeout: float | None) -> None:
         self._sandbox = sandbox
+        self._guard = sandbox.guard  # for scrub_errors
         self._handle = handle
         self._timeout = timeout
         self._decoder = sandbox.guard.stream_decoder()
