@@ -67,6 +67,7 @@ class FakeSandbox:
         self.hello: Any = None  # no capabilities: no session calls
         self.sessions_left: list[int] = []
         self.closed_sessions: list[int] = []
+        self.guard: Any = None  # what a Sandbox face of it reads (no redaction here)
         bind(self, cast(SandboxCore, self))  # its own core: the pool reaches it through core_of
 
     def destroy(self) -> None:
