@@ -27,6 +27,7 @@ lint: venv
 	$(BIN)/ruff format --check agentnest tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/mypy --check-untyped-defs tests
+	$(BIN)/lint-imports
 
 # The documentation site (mkdocs.yml); --strict turns every broken link or docstring
 # warning into a failure.  Serve it locally with `$(BIN)/mkdocs serve`.
