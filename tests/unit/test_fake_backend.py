@@ -27,10 +27,10 @@ def test_a_sandbox_runs_on_scripted_replies_and_the_backend_records_it() -> None
     with Sandbox("any", 60, backend=backend) as sb:
         result = sb.exec(["echo", "hi", "there"])
         assert (result.stdout, result.stderr, result.exit_code) == ("hi there\n", "warn\n", 3)
-        assert backend.is_running(sb._handle)
+        assert backend.is_running(sb.handle)
     assert [config.image for config in backend.configs] == ["any"]
     assert backend.created == backend.destroyed == [sb.id]
-    assert not backend.is_running(sb._handle) and backend.agents == {}
+    assert not backend.is_running(sb.handle) and backend.agents == {}
     (request, body), *_ = backend.requests
     assert request["t"] == "exec" and request["argv"] == ["echo", "hi", "there"] and body == b""
     assert backend.errors == []
