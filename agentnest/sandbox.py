@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, overload
@@ -14,9 +14,7 @@ from . import state as _state
 from ._aliases import renamed
 from ._core import SandboxCore, bind
 from .approvals import ApprovalHook
-from .channel.client import ExecHandle
-from .config import Artifact, ExecutionChunk, ExecutionResult, FileInfo, SandboxConfig, SnapshotMetadata
-from .errors import ChannelError, ConfigurationError
+from .config import Artifact, ExecutionResult, FileInfo, SandboxConfig, SnapshotMetadata
 from .events import Observer
 from .guard import scrub_errors
 from .ops import default_image as default_image
@@ -26,6 +24,7 @@ from .profiles import Profile
 from .runtime.base import RuntimeBackend, SandboxHandle
 from .secrets import Secret
 from .session import PythonSession, PythonSessionInfo, list_python_sessions, open_python_session
+from .stream import ExecutionStream as ExecutionStream
 
 if TYPE_CHECKING:
     from .browser.driver import Browser
@@ -848,87 +847,3 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return repr(self._core)
-
-
-@scrub_errors
-class ExecutionStream:
-    """Output of a running command, chunk by chunk.  Iterate it once."""
-
-    def __init__(self, sandbox: SandboxCore, handle: ExecHandle, timeout: float | None) -> None:
-        self._sandbox = sandbox
-        self._guard = sandbox.guard  # for scrub_errors
-        self._handle = handle
-        self._timeout = timeout
-        self._decoder = sandbox.guard.stream_decoder()
-        self._out: list[bytes] = []
-        self._err: list[bytes] = []
-        self.result: ExecutionResult | None = None
-
-    def __iter__(self) -> Iterator[ExecutionChunk]:
-        sandbox = self._sandbox
-        deadline = sandbox.wait_deadline(self._timeout)
-        try:
-            while self._handle.result is None:
-                try:
-                    event = self._handle.next_event(deadline)
-                except ChannelError as exc:
-                    raise sandbox.lost(exc) from None
-                if isinstance(event, tuple):
-                    fd, data = event
-                    (self._out if fd == 1 else self._err).append(data)
-                    chunk = self._decoder.feed(fd, data)
-                    if chunk is not None:
-                        yield chunk
-        except GeneratorExit:
-            self.close()
-            raise
-        except BaseException:
-            self.close()
-            raise
-        yield from self._decoder.flush()
-        self.result = sandbox.result(self._handle, b"".join(self._out), b"".join(self._err), self._timeout)
-        yield ExecutionChunk("status", exit_code=self.result.exit_code)
-
-    def close(self) -> None:
-        """Kill the command's process tree if it still runs."""
-        if self._handle.result is None:
-            self._handle.cancel()
-            self._handle.abandon()
-
-    def send_input(self, data: bytes) -> None:
-        """Write ``data`` to the command's stdin (started with ``interactive=True`` or a ``pty``).
-
-        Input to a command that has ended is dropped, as a pipe would.
-        """
-        if not isinstance(data, (bytes, bytearray)):
-            raise ConfigurationError("input must be bytes")
-        if self._handle.result is None:
-            try:
-                self._handle.write_stdin(bytes(data))
-            except ChannelError as exc:
-                raise self._sandbox.lost(exc) from None
-
-    def close_input(self) -> None:
-        """Close the command's stdin: it reads end of file."""
-        if self._handle.result is None:
-            try:
-                self._handle.write_stdin(b"", True)
-            except ChannelError as exc:
-                raise self._sandbox.lost(exc) from None
-
-    def kill(self) -> None:
-        """Kill the command's process tree; the iteration still ends, with its status."""
-        self._handle.cancel()
-
-    def resize(self, rows: int, cols: int) -> None:
-        """Set the size of the command's terminal (started with ``pty=``)."""
-        try:
-            self._handle.resize(rows, cols)
-        except ChannelError as exc:
-            raise self._sandbox.lost(exc) from None
-
-    def __enter__(self) -> ExecutionStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
