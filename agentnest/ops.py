@@ -6,6 +6,10 @@ and ``workdir`` aliases, the argv of ``exec_shell`` and ``exec_python``,
 Python code over 100 KiB sent on stdin), how ``Sandbox(...)``'s arguments
 become a configuration and a policy, and how ``profile=`` and ``preset=``
 fill in arguments.  It waits for nothing and runs nothing.
+
+A command's shaping function takes the parameters of its face method, in
+the same order, so that ``Sandbox`` passes them on positionally in one line;
+``tests/unit/test_parity.py`` pins the order.
 """
 
 from __future__ import annotations
@@ -137,7 +141,6 @@ def sandbox_setup(
 
 def exec_(
     command: Sequence[str],
-    *,
     timeout: float | None = None,
     env: Env = None,
     cwd: str | None = None,
@@ -165,7 +168,6 @@ def exec_(
 
 def exec_shell(
     script: str,
-    *,
     timeout: float | None = None,
     env: Env = None,
     cwd: str | None = None,
@@ -186,7 +188,6 @@ def exec_shell(
 
 def exec_python(
     code: str,
-    *,
     timeout: float | None = None,
     env: Env = None,
     cwd: str | None = None,
@@ -231,7 +232,6 @@ def run_code(code: str, language: str = "python", *, timeout: float | None = Non
 
 def stream_shell(
     script: str,
-    *,
     timeout: float | None = None,
     env: Env = None,
     cwd: str | None = None,
@@ -244,7 +244,6 @@ def stream_shell(
 
 def stream_python(
     code: str,
-    *,
     timeout: float | None = None,
     env: Env = None,
     cwd: str | None = None,
@@ -263,7 +262,6 @@ def stream_python(
 
 def exec_json(
     code: str,
-    *,
     timeout: float | None = None,
     env: Env = None,
     cwd: str | None = None,

@@ -18,7 +18,6 @@ from .config import Artifact, ExecutionResult, FileInfo, SandboxConfig, Snapshot
 from .events import Observer
 from .guard import scrub_errors
 from .ops import default_image as default_image
-from .ops import with_profile as with_profile
 from .policy import SecurityPolicy
 from .profiles import Profile
 from .runtime.base import RuntimeBackend, SandboxHandle
@@ -39,8 +38,7 @@ def wrap(core: SandboxCore) -> Sandbox:
 
     The face that already holds ``core``, if it lives; else a new one.
     """
-    ref = _FACE_OF.get(core)
-    sandbox = ref() if ref is not None else None
+    sandbox = _FACE_OF[core]() if core in _FACE_OF else None
     if sandbox is None:
         sandbox = Sandbox.__new__(Sandbox)
         sandbox._hold(core)
@@ -109,7 +107,7 @@ class Sandbox:
             could not provide the sandbox.
     """
 
-    @with_profile
+    @ops.with_profile
     def __init__(
         self,
         image: str | None = None,
@@ -168,7 +166,6 @@ class Sandbox:
         _FACE_OF[core] = weakref.ref(self)
 
     # -- properties ------------------------------------------------------------
-
     @property
     def id(self) -> str:
         """AgentNest's id of this sandbox (also on its engine labels)."""
@@ -225,7 +222,6 @@ class Sandbox:
         return self._core.network_log()
 
     # -- commands --------------------------------------------------------------
-
     def exec(
         self,
         command: Sequence[str],
@@ -259,18 +255,8 @@ class Sandbox:
             ExecutionTimeoutError: the command ran past ``timeout``; ``.result``
                 has the partial output.  The sandbox lives on.
         """
-        return self._core.run(
-            ops.exec_(
-                command,
-                timeout=timeout,
-                env=env,
-                cwd=cwd,
-                input=input,
-                environment=environment,
-                workdir=workdir,
-                display_command=display_command,
-            )
-        )
+        shaped = ops.exec_(command, timeout, env, cwd, input, environment, workdir, display_command)
+        return self._core.run(shaped)
 
     def exec_shell(
         self,
@@ -284,17 +270,7 @@ class Sandbox:
         workdir: str | None = None,
     ) -> ExecutionResult:
         """Run ``script`` with ``/bin/sh -c``.  See :meth:`exec`."""
-        return self._core.run(
-            ops.exec_shell(
-                script,
-                timeout=timeout,
-                env=env,
-                cwd=cwd,
-                input=input,
-                environment=environment,
-                workdir=workdir,
-            )
-        )
+        return self._core.run(ops.exec_shell(script, timeout, env, cwd, input, environment, workdir))
 
     def exec_python(
         self,
@@ -312,11 +288,7 @@ class Sandbox:
         Code too long for one command-line argument is fed on stdin instead
         (then ``input`` must be None).
         """
-        return self._core.run(
-            ops.exec_python(
-                code, timeout=timeout, env=env, cwd=cwd, input=input, environment=environment, workdir=workdir
-            )
-        )
+        return self._core.run(ops.exec_python(code, timeout, env, cwd, input, environment, workdir))
 
     def run_code(
         self, code: str, language: str = "python", *, timeout: float | None = None
@@ -335,10 +307,7 @@ class Sandbox:
         workdir: str | None = None,
     ) -> Any:
         """Run Python ``code`` that prints one JSON document; return it parsed.  See :meth:`exec`."""
-        command = ops.exec_json(
-            code, timeout=timeout, env=env, cwd=cwd, environment=environment, workdir=workdir
-        )
-        return ops.parse_json(self._core.run(command))
+        return ops.parse_json(self._core.run(ops.exec_json(code, timeout, env, cwd, environment, workdir)))
 
     def browser(self, *, timeout: float = 30.0, viewport: tuple[int, int] = (1280, 720)) -> Browser:
         """The Chromium of a browser sandbox (``Sandbox(preset="browser")``), driven from here.
@@ -433,16 +402,7 @@ class Sandbox:
         .. versionadded:: 0.4.0 ``interactive`` and ``pty``.
         """
         command = ops.exec_(
-            argv,
-            timeout=timeout,
-            env=env,
-            cwd=cwd,
-            input=input,
-            environment=environment,
-            workdir=workdir,
-            display_command=display_command,
-            interactive=interactive,
-            pty=pty,
+            argv, timeout, env, cwd, input, environment, workdir, display_command, interactive, pty
         )
         return ExecutionStream(self._core, self._core.start(command), timeout)
 
@@ -457,9 +417,7 @@ class Sandbox:
         workdir: str | None = None,
     ) -> ExecutionStream:
         """Stream ``/bin/sh -c script``.  See :meth:`stream_exec`."""
-        command = ops.stream_shell(
-            script, timeout=timeout, env=env, cwd=cwd, environment=environment, workdir=workdir
-        )
+        command = ops.stream_shell(script, timeout, env, cwd, environment, workdir)
         return ExecutionStream(self._core, self._core.start(command), timeout)
 
     def stream_python(
@@ -473,13 +431,10 @@ class Sandbox:
         workdir: str | None = None,
     ) -> ExecutionStream:
         """Stream ``python3 -c code``.  See :meth:`stream_exec`."""
-        command = ops.stream_python(
-            code, timeout=timeout, env=env, cwd=cwd, environment=environment, workdir=workdir
-        )
+        command = ops.stream_python(code, timeout, env, cwd, environment, workdir)
         return ExecutionStream(self._core, self._core.start(command), timeout)
 
     # -- files -----------------------------------------------------------------
-
     def write_file(
         self, path: str, content: str | bytes, *, encoding: str = "utf-8", mode: int = 0o644
     ) -> None:
@@ -600,7 +555,6 @@ class Sandbox:
         self._core.download_file(source, destination)
 
     # -- state: fork, snapshot, restore, artifacts (logic in state.py) ----------
-
     def fork(self, *, timeout: float | None = None, live: bool | None = None) -> Sandbox:
         """Branch this sandbox into an independent copy of its workspace.
 
@@ -768,7 +722,6 @@ class Sandbox:
         return _state.download(self._core, path, dest)
 
     # -- lifecycle ---------------------------------------------------------------
-
     def extend(self, seconds: float) -> float:
         """Move the sandbox's deadline ``seconds`` later; return the new deadline (epoch seconds).
 
@@ -838,10 +791,7 @@ class Sandbox:
         return self
 
     def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.destroy()
 

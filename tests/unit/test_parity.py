@@ -8,6 +8,7 @@ result, an async iterator); everything else about the parameters must not.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from agentnest import (
     PythonSession,
     Sandbox,
     SandboxPool,
+    ops,
 )
 from agentnest.aio import AsyncPythonSession
 
@@ -129,3 +131,24 @@ def test_async_docstrings_point_at_the_sync_face(sync: type, aio: type) -> None:
             continue  # an alias
         doc = inspect.getdoc(getattr(aio, name)) or ""
         assert f"{sync.__name__}.{name}" in doc, name
+
+
+#: Each face method and the ``ops`` function that shapes its request.
+SHAPERS: dict[str, Callable[..., Any]] = {
+    "exec": ops.exec_,
+    "exec_shell": ops.exec_shell,
+    "exec_python": ops.exec_python,
+    "exec_json": ops.exec_json,
+    "stream_exec": ops.exec_,
+    "stream_shell": ops.stream_shell,
+    "stream_python": ops.stream_python,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPERS))
+def test_shapers_take_the_face_parameters_in_order(name: str) -> None:
+    # Sandbox passes its arguments to ops positionally: after the subject (argv, script or code),
+    # the same names in the same order.
+    face = [p[0] for p in params(getattr(Sandbox, name))]
+    shaper = list(inspect.signature(SHAPERS[name]).parameters)
+    assert shaper[1 : len(face)] == face[1:], name
