@@ -2,8 +2,9 @@
 
 This module decides how one sandbox is held: its backend, handle, guard and
 agent channel; how a lost agent is reconnected (or replaced); how commands
-run and files move through the guard (approval, audit, redaction); and its
-lifetime (extend, pause, resume, destroy).  ``Sandbox`` and ``AsyncSandbox``
+run through the guard (approval, audit, redaction); and its lifetime
+(extend, pause, resume, destroy).  Its file operations are
+:mod:`agentnest._files`, which it calls with itself.  ``Sandbox`` and ``AsyncSandbox``
 are faces over a core: they shape arguments (:mod:`agentnest.ops`) and call
 it.  Code below the faces (``session``, ``state/``, ``browser/``) takes a
 core, never a face; :func:`core_of` finds the core of a face.
@@ -19,9 +20,9 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
+from . import _files
 from .approvals import ApprovalHook, command_line
 from .channel.client import STALL_AFTER, Channel, ExecHandle
 from .config import ExecutionResult, FileInfo, SandboxConfig
@@ -31,8 +32,6 @@ from .errors import (
     ChannelError,
     ConfigurationError,
     ExecutionTimeoutError,
-    FileAccessError,
-    FileTooLargeError,
     SandboxDestroyedError,
     SandboxPausedError,
     SnapshotError,
@@ -42,18 +41,13 @@ from .errors import (
 from .events import EventType, Observer
 from .guard import Guard
 from .policy import NetworkPolicy, SecurityPolicy
-from .runtime import bootstrap, hostfs
+from .runtime import bootstrap
 from .runtime.base import Capability, RuntimeBackend, SandboxHandle
 from .secrets import SECRET_DIR, Secret
 
 #: Extra time the host waits past a command's own timeout for the agent to
 #: report the kill, before it declares the agent hung.
 BACKSTOP_GRACE = 10.0
-#: Base time allowed for a file operation, plus time per MiB.
-_FILE_BASE_WAIT = 30.0
-_FILE_WAIT_PER_MIB = 0.5
-#: Longest recursive remove; the agent's heartbeats show it is still at work.
-_REMOVE_WAIT = 3600.0
 
 #: What an egress audit event carries.
 _EGRESS_FIELDS = (
@@ -507,178 +501,43 @@ class SandboxCore:
             )
         return result
 
-    # -- files -----------------------------------------------------------------
-
-    def _file_deadline(self, size: int = 0) -> float:
-        return time.monotonic() + _FILE_BASE_WAIT + _FILE_WAIT_PER_MIB * size / 2**20
+    # -- files (agentnest._files: approval, limits, redaction, audit) -----------
 
     def write_file(self, path: str, content: str | bytes, encoding: str = "utf-8", mode: int = 0o644) -> None:
-        rel = self.guard.workspace_path(path)
-        if isinstance(content, str):
-            try:
-                payload = content.encode(encoding)
-            except LookupError:
-                raise ConfigurationError(f"unknown encoding {encoding!r}") from None
-            except UnicodeEncodeError as exc:
-                raise ConfigurationError(f"content cannot be encoded as {encoding}: {exc.reason}") from None
-        elif isinstance(content, (bytes, bytearray, memoryview)):
-            payload = bytes(content)
-        else:
-            raise ConfigurationError(f"content must be str or bytes, not {type(content).__name__}")
-        if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
-            raise ConfigurationError(f"mode={mode!r} must be permission bits such as 0o644")
-        limit = self.guard.policy.max_file_bytes
-        if len(payload) > limit:
-            raise FileTooLargeError(
-                f"{path!r}: {len(payload)} bytes exceeds max_file_bytes={limit}; "
-                "raise it in the SecurityPolicy",
-                path=path,
-            )
-        self.guard.approve("file.write", {"path": self.guard.absolute(rel), "size": len(payload)})
-        try:
-            channel = self.link()
-            # Fast path: a local disk workspace is written from the host (runtime.hostfs).
-            if not hostfs.write(self, rel, payload, mode):
-                channel.write_file(rel, payload, mode, self._file_deadline(len(payload)))
-        except ChannelError as exc:
-            raise self.lost(exc) from None
-        self.guard.emit(EventType.FILE_WRITTEN, {"path": rel, "size": len(payload)})
+        _files.write_file(self, path, content, encoding, mode)
 
     def read_file(self, path: str, encoding: str | None = "utf-8") -> str | bytes:
-        rel = self.guard.workspace_path(path)
-        self.guard.approve("file.read", {"path": self.guard.absolute(rel)})
-        limit = self.guard.policy.read_limit
-        try:
-            channel = self.link()
-            # Fast path: a local disk workspace is read from the host (runtime.hostfs).
-            data = hostfs.read(self, rel, limit)
-            if data is None:
-                data = channel.read_file(rel, limit, self._file_deadline(limit))
-        except ChannelError as exc:
-            raise self.lost(exc) from None
-        self.guard.emit(EventType.FILE_READ, {"path": rel, "size": len(data)})
-        if encoding is None:
-            return data
-        try:
-            text = data.decode(encoding)
-        except UnicodeDecodeError as exc:
-            raise FileAccessError(
-                f"{path!r} is not valid {encoding} (byte {exc.start}); pass encoding=None to get bytes",
-                path=path,
-                code="decode",
-            ) from None
-        except LookupError:
-            raise ConfigurationError(f"unknown encoding {encoding!r}") from None
-        return self.guard.redact(text)
+        return _files.read_file(self, path, encoding)
 
     def list_files(
         self, path: str = ".", recursive: bool = False, max_entries: int = 10000
     ) -> list[FileInfo]:
-        rel = self.guard.workspace_path(path)
-        self.guard.approve("file.list", {"path": self.guard.absolute(rel)})
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or not 0 <= max_entries <= 10**6:
-            raise ConfigurationError(f"max_entries={max_entries!r} must be 0 to 1000000")
-        try:
-            entries, _ = self.link().list_entries(
-                rel, bool(recursive), max_entries, self._file_deadline(max_entries * 256)
-            )
-        except ChannelError as exc:
-            raise self.lost(exc) from None
-        # File names come from the sandbox: sandbox code can name a file after a secret.
-        return [self.guard.redact_info(_file_info(e)) for e in entries]
+        return _files.list_files(self, path, recursive, max_entries)
 
     def stat(self, path: str) -> FileInfo:
-        rel = self.guard.workspace_path(path)
-        self.guard.approve("file.list", {"path": self.guard.absolute(rel)})
-        entry = _file_info(self.request({"t": "stat", "path": rel}).get("entry"))
-        # The name is the one asked for (the agent's echo is not needed), redacted:
-        # sandbox code can name a file after a secret.
-        info = FileInfo(rel or ".", entry.type, entry.size, entry.mode, entry.mtime)
-        return self.guard.redact_info(info)
+        return _files.stat(self, path)
 
     def exists(self, path: str) -> bool:
-        try:
-            self.stat(path)
-        except FileAccessError as exc:
-            if exc.code == "not_found":
-                return False
-            raise
-        return True
+        return _files.exists(self, path)
 
     def rename(self, source: str, destination: str) -> None:
-        src = self.guard.workspace_path(source)
-        dst = self.guard.workspace_path(destination)
-        for rel, given in ((src, source), (dst, destination)):
-            if not rel:
-                raise FileAccessError(
-                    f"{given!r} is the workspace root, which cannot be moved or replaced",
-                    path=given,
-                    code="invalid_path",
-                )
-        abs_src, abs_dst = self.guard.absolute(src), self.guard.absolute(dst)
-        # Both ends asked about: a rule on the destination alone (no writes below
-        # .git/, say) must not be sidestepped by writing elsewhere and moving.
-        self.guard.approve("file.remove", {"path": abs_src, "to": abs_dst})
-        self.guard.approve("file.write", {"path": abs_dst, "from": abs_src})
-        try:
-            channel = self.link()
-            # Fail closed on what the agent announced: an older agent (a restored
-            # checkpoint) would answer "unknown", which reads like a broken channel.
-            if channel.hello is not None and "move" not in channel.hello.capabilities:
-                raise UnsupportedCapabilityError(
-                    f"this sandbox's agent ({channel.hello.agent}) is too old for rename; "
-                    "recreate the sandbox"
-                )
-            channel.request({"t": "move", "path": src, "to": dst}, self._file_deadline())
-        except ChannelError as exc:
-            raise self.lost(exc) from None
-        self.guard.emit(EventType.FILE_MOVED, {"path": src, "to": dst})
+        _files.rename(self, source, destination)
 
     def mkdir(self, path: str, parents: bool = True) -> None:
-        rel = self.guard.workspace_path(path)
-        self.guard.approve("file.write", {"path": self.guard.absolute(rel), "directory": True})
-        self.request({"t": "mkdir", "path": rel, "parents": parents})
+        _files.mkdir(self, path, parents)
 
     def remove_file(self, path: str, recursive: bool = False) -> None:
-        rel = self.guard.workspace_path(path)
-        self.guard.approve("file.remove", {"path": self.guard.absolute(rel), "recursive": recursive})
-        try:
-            # A large tree takes a while: the agent removes it between turns of its
-            # loop and sends heartbeats meanwhile, so the wait is bounded by silence.
-            self.link().request(
-                {"t": "remove", "path": rel, "recursive": bool(recursive)},
-                time.monotonic() + _REMOVE_WAIT,
-                stall=STALL_AFTER,
-            )
-        except ChannelError as exc:
-            raise self.lost(exc) from None
-        self.guard.emit(EventType.FILE_REMOVED, {"path": rel})
+        _files.remove_file(self, path, recursive)
 
     def upload_file(self, source: str | os.PathLike[str], destination: str | None = None) -> None:
-        local = Path(source)
-        try:
-            data = local.read_bytes()
-        except OSError as exc:
-            raise FileAccessError(
-                f"cannot read {str(local)!r} on the host: {exc.strerror}", path=str(local)
-            ) from None
-        self.write_file(destination if destination is not None else local.name, data)
+        _files.upload_file(self, source, destination)
 
     def download_file(self, source: str, destination: str | os.PathLike[str]) -> None:
-        data = self.read_file(source, encoding=None)
-        assert isinstance(data, bytes)
-        target = Path(destination)
-        target.parent.mkdir(parents=True, exist_ok=True)  # as 0.3.0 did
-        tmp = target.with_name(f".{target.name}.agentnest-{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        tmp.replace(target)
+        _files.download_file(self, source, destination)
 
     def request(self, header: dict[str, Any]) -> dict[str, Any]:
         """One request to the agent with the file operations' deadline."""
-        try:
-            return dict(self.link().request(header, self._file_deadline()))
-        except ChannelError as exc:
-            raise self.lost(exc) from None
+        return _files.request(self, header)
 
     # -- lifetime ----------------------------------------------------------------
 
@@ -805,19 +664,3 @@ class SandboxCore:
         for hook in self.on_destroy:
             hook(self)  # e.g. state.spares: its forks' warm container, unless another sandbox wants it
         self.guard.emit(EventType.SANDBOX_DESTROYED, {})
-
-
-def _file_info(entry: Any) -> FileInfo:
-    try:
-        path, kind, size, mode, mtime = entry
-        if not (
-            isinstance(path, str)
-            and kind in ("file", "dir", "symlink", "other")
-            and isinstance(size, int)
-            and isinstance(mode, int)
-            and isinstance(mtime, (int, float))
-        ):
-            raise ValueError
-    except (TypeError, ValueError):
-        raise ChannelError("the agent sent an invalid file entry") from None
-    return FileInfo(path[:4096], kind, size, mode, float(mtime))
