@@ -36,7 +36,7 @@ REVIEWED: dict[str, str] = {
         "now starts clean (docs/compat.md, Defaults)"
     ),
     # -- the same thing, spelled or typed another way
-    "agentnest.AsyncSandbox.create ->: returns AsyncSandbox -> _Creation": (
+    "agentnest.AsyncSandbox.create ->: returns AsyncSandbox -> _Creation[AsyncSandbox]": (
         "awaiting it gives the AsyncSandbox, as before; it is also an async context manager"
     ),
     "agentnest.AsyncSandbox.stream_shell ->: returns AsyncIterator[ExecutionChunk] -> AsyncExecutionStream": (

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from agentnest import ChannelError, FileAccessError, MemoryObserver, Sandbox, SandboxDestroyedError
+from agentnest._core import core_of
 from agentnest.errors import ConfigurationError
 
 from .probes import run_json
@@ -122,7 +123,7 @@ def test_agent_refuses_raw_requests_that_bypass_the_host(watched: Any, name: str
     sb, _ = watched
     header, code = RAW_REQUESTS[name]
     with pytest.raises(FileAccessError) as info:
-        sb._request(dict(header))
+        core_of(sb).request(dict(header))
     assert info.value.code == code
     assert (
         run_json(sb, "import json, os; print(json.dumps(os.path.exists('/tmp/agentnest-escape')))") is False
@@ -140,7 +141,7 @@ def test_agent_survives_unknown_and_ill_typed_requests(watched: Any) -> None:
         {"t": "read", "path": "x", "max": "big"},
     ):
         try:
-            sb._request(dict(header))
+            core_of(sb).request(dict(header))
         except (FileAccessError, ChannelError):
             pass  # a refusal or a reset: either is fine, the host must carry on
     assert sb.exec_shell("echo alive").stdout == "alive\n"
