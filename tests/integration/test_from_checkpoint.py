@@ -49,8 +49,11 @@ pytestmark = [pytest.mark.gvisor, pytest.mark.timeout(180)]
 __all__ = ["checkpointing"]  # the fixture, used by name
 
 #: Counts in /tmp (the scratch tmpfs: part of the checkpoint), detached from the exec that starts it.
+#: Each count is written aside and renamed into place, so a reader never sees the file between
+#: its truncation and its write (an empty read, seen once as "the counter is 0" under load).
 COUNTER = (
-    "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.02; done' "
+    "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; "
+    "sleep 0.02; done' "
     ">/dev/null 2>&1 </dev/null &"
 )
 
