@@ -6,13 +6,12 @@ manifest`` and to the golden files under ``tests/unit/golden/k8s/``.  No I/O
 and no ``kubernetes`` import; the backend adds only what the cluster assigns
 (``owned_by`` once the Pod has a uid, the proxy's address once it runs).
 
-Each hardening field maps a Docker default (research/kubernetes.md §3); the
-comments say why.  :mod:`.lint` checks the result.
-
-Why one module past 800 lines: it is one cohesive, pure piece of the trust base (the sandbox's
-Pod, Secret and NetworkPolicy, the proxy's Pod and NetworkPolicy, the namespace's quota, limits
-and RBAC), read top to bottom against its golden files; the objects refer to each other's
-names and labels, and splitting them would make a reviewer hold two files to check one Pod.
+This module composes: names, labels, volumes, environment, placement (the
+RuntimeClass ``KubernetesSpec`` chose), the order of :func:`render`, and the
+namespace's setup objects.  Every field that confines a sandbox (security
+contexts, limits, the hard stop, no token, the NetworkPolicies' rules) comes
+from :mod:`.hardening`, which a reviewer reads on its own.  :mod:`.lint`
+checks the result.
 """
 
 from __future__ import annotations
@@ -22,11 +21,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from ...config import BROWSER_SHM, GiB, KiB, MiB, SandboxConfig
+from ...config import BROWSER_SHM, GiB, MiB, SandboxConfig
 from ...errors import ConfigurationError
 from ...policy import NetworkMode
 from ...secrets import Secret
 from ..bootstrap import PODINFO_DEADLINE
+from .hardening import (
+    DEADLINE_GRACE,
+    PROXY_PORT,
+    PROXY_USER,
+    check_confinement,
+    common_pod_spec,
+    container_security,
+    cpu_quantity,
+    hard_stop_seconds,
+    memory_quantity,
+    pod_security,
+    proxy_policy_spec,
+    proxy_resources,
+    resources,
+    sandbox_policy_spec,
+)
+from .hardening import ROLE as ROLE  # the selectors' labels, re-exported (prune reads them here)
+from .hardening import SANDBOX_ID as SANDBOX_ID
 from .lint import check_label, sanitize_label_value
 from .spec import KubernetesSpec, check_dns_label
 
@@ -66,70 +83,24 @@ Obj = dict[str, Any]
 AGENT_SOCKET = "/run/agentnest/agent.sock"
 #: Where the pod's downwardAPI volume (its deadline, as the kubelet sees it) is mounted.
 PODINFO_DIR = str(PurePosixPath(PODINFO_DEADLINE).parent)
-#: Seconds past the lifetime before ``activeDeadlineSeconds`` kills the pod.  It
-#: is the hard outer cap behind the in-pod keeper (and it can only shrink,
-#: so ``extend()`` must stay within it or recreate): the keeper ends first.
-DEADLINE_GRACE = 30
-#: SIGTERM to SIGKILL: a sandbox has nothing to flush.
-TERMINATION_GRACE = 2
-#: The egress proxy's port, as on Docker (``runtime/docker/egress.py``).
-PROXY_PORT = 3128
 #: The name the sandbox reaches its proxy by (``hostAliases``, no DNS needed).
 PROXY_HOST = "agentnest-proxy"
 #: What a Secret's values are replaced with when rendered for people.
 REDACTED = "<redacted>"
-#: Writable layer and container logs of a pod (counted in ephemeral-storage).
-EPHEMERAL_BASE = 128 * MiB
 #: The agent's socket directory: one socket, a few bytes.
 RUN_SIZE = 1 * MiB
 #: /dev/shm as Docker sizes it (64m), never more than the scratch space.
 SHM_SIZE = 64 * MiB
-#: The proxy pod's limits, as the Docker proxy container's.
-PROXY_MEMORY = 128 * MiB
-PROXY_CPU = "1"
-PROXY_USER = 65532
-#: Ranges the proxy pod itself may never reach: RFC 1918, CGNAT, link-local
-#: (cloud metadata at 169.254.169.254), loopback; the proxy's own rules refuse
-#: them too, this is the second lock.
-PRIVATE_V4 = (
-    "10.0.0.0/8",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "100.64.0.0/10",
-    "169.254.0.0/16",
-    "127.0.0.0/8",
-)
-PRIVATE_V6 = ("fc00::/7", "fe80::/10", "::1/128")
-
 MANAGED_BY = "app.kubernetes.io/managed-by"
 APP_NAME = "app.kubernetes.io/name"
-SANDBOX_ID = "agentnest.io/sandbox-id"
 OWNER = "agentnest.io/owner"
 #: The host process that created the sandbox (``host:pid``), for ``prune --orphans``.
 OWNER_PROCESS = "agentnest.io/owner-process"
 TENANT = "agentnest.io/tenant"
-ROLE = "agentnest.io/role"
 DEADLINE = "agentnest.io/deadline"
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 #: Label prefixes only AgentNest and Kubernetes write; user labels may not fake them.
 _RESERVED_PREFIXES = ("agentnest.io/", "app.kubernetes.io/", "kubernetes.io/", "k8s.io/")
-
-
-# -- quantities ---------------------------------------------------------------------
-
-
-def memory_quantity(n: int) -> str:
-    """Bytes as a binary quantity: ``512Mi``, ``2Gi``, or a plain byte count."""
-    for suffix, size in (("Gi", GiB), ("Mi", MiB), ("Ki", KiB)):
-        if n % size == 0:
-            return f"{n // size}{suffix}"
-    return str(n)
-
-
-def cpu_quantity(cores: float) -> str:
-    """Cores as a CPU quantity: ``1``, ``2`` or millicores (``500m``); at least ``1m``."""
-    milli = max(1, round(cores * 1000))
-    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
 
 
 # -- names and labels ---------------------------------------------------------------
@@ -178,10 +149,6 @@ def labels_for(
         if value:
             out[key] = value
     return out
-
-
-def _selector(sandbox_id: str, role: str) -> dict[str, Any]:
-    return {"matchLabels": {SANDBOX_ID: sandbox_id, ROLE: role}}
 
 
 def _metadata(name: str, spec: KubernetesSpec, labels: Mapping[str, str], **extra: Any) -> Obj:
@@ -291,52 +258,6 @@ def _podinfo_volume() -> Obj:
     }
 
 
-def hard_stop_seconds(config: SandboxConfig, spec: KubernetesSpec) -> int:
-    """The pod's ``activeDeadlineSeconds``: the longest it may live, extensions included.
-
-    It can only shrink once the pod exists, so it is set to the larger of the
-    lifetime and ``spec.max_lifetime`` (how far ``extend()`` may go), plus
-    :data:`DEADLINE_GRACE` for the keeper to end first.
-    """
-    return math.ceil(max(config.lifetime, spec.max_lifetime or 0.0)) + DEADLINE_GRACE
-
-
-def _resources(config: SandboxConfig, spec: KubernetesSpec) -> Obj:
-    limits = config.limits
-    ephemeral = EPHEMERAL_BASE
-    if limits.workspace_medium == "disk" and spec.workspace_storage_class is None:
-        ephemeral += limits.workspace
-    values = {
-        "memory": memory_quantity(limits.memory),
-        "cpu": cpu_quantity(limits.cpus),
-        # The writable layer (read_only_root=False) and logs are node disk too: bounded.
-        "ephemeral-storage": memory_quantity(ephemeral),
-    }
-    if limits.gpus:
-        values["nvidia.com/gpu"] = str(limits.gpus)
-    # requests == limits: Guaranteed QoS, so a sandbox gets what it was promised.
-    return {"requests": dict(values), "limits": dict(values)}
-
-
-def _container_security(read_only_root: bool) -> Obj:
-    return {
-        "allowPrivilegeEscalation": False,  # no_new_privs: setuid binaries gain nothing
-        "capabilities": {"drop": ["ALL"]},  # as Docker's cap_drop=ALL
-        "privileged": False,
-        "readOnlyRootFilesystem": read_only_root,  # the image cannot be altered
-    }
-
-
-def _pod_security(uid: int, gid: int, seccomp: Mapping[str, str]) -> Obj:
-    return {
-        "runAsNonRoot": True,  # the kubelet refuses to start a root process
-        "runAsUser": uid,
-        "runAsGroup": gid,
-        "fsGroup": gid,  # volumes writable by the sandbox user
-        "seccompProfile": dict(seccomp),  # never Unconfined (PSA restricted agrees)
-    }
-
-
 def _placement(spec: KubernetesSpec, runtime_class: str | None) -> Obj:
     out: Obj = {}
     if runtime_class is not None:
@@ -349,25 +270,6 @@ def _placement(spec: KubernetesSpec, runtime_class: str | None) -> Obj:
         out["tolerations"] = [dict(t) for t in spec.tolerations]
     if spec.priority_class_name is not None:
         out["priorityClassName"] = spec.priority_class_name
-    return out
-
-
-def _common_pod_spec(spec: KubernetesSpec, config: SandboxConfig) -> Obj:
-    out: Obj = {
-        "restartPolicy": "Never",  # a dead sandbox stays dead; the host sees it
-        # The hard outer cap: the pod fails with DeadlineExceeded however the host fares.
-        "activeDeadlineSeconds": hard_stop_seconds(config, spec),
-        "terminationGracePeriodSeconds": TERMINATION_GRACE,
-        # No API credentials inside: a sandbox must not talk to the apiserver as anyone.
-        "automountServiceAccountToken": False,
-        # No *_SERVICE_HOST variables: the sandbox learns nothing about its neighbours.
-        "enableServiceLinks": False,
-    }
-    if spec.service_account_name is not None:
-        out["serviceAccountName"] = spec.service_account_name
-    if not spec.host_users:
-        # A user namespace: UID 65532 in the pod is an unprivileged UID on the node.
-        out["hostUsers"] = False
     return out
 
 
@@ -387,11 +289,7 @@ def pod(
     ``proxy_ip`` (allowlist only) is the egress proxy pod's address, known once
     it runs; ``None`` leaves the ``hostAliases`` entry out (a preview).
     """
-    if config.seccomp_profile is not None:
-        raise ConfigurationError(
-            "seccomp_profile cannot be shipped to Kubernetes nodes; install the profile on the nodes and "
-            "use KubernetesSpec(seccomp='Localhost:<path>')"
-        )
+    check_confinement(config)
     uid, gid = _user(config)
     labels = labels_for(config, sandbox_id, "sandbox", owner, tenant)
     allowlist = config.network.mode is NetworkMode.ALLOWLIST
@@ -418,18 +316,18 @@ def pod(
         "command": list(command),
         "workingDir": config.workdir,
         "env": _env(config, sandbox_id, allowlist),
-        "resources": _resources(config, spec),
-        "securityContext": _container_security(config.read_only_root),
+        "resources": resources(config, spec),
+        "securityContext": container_security(config.read_only_root),
         "volumeMounts": mounts,
         # Nothing is attached: the agent stream goes through exec, never the
         # container log (containerd would write every byte of it to the node).
         "stdin": False,
         "tty": False,
     }
-    pod_spec: Obj = _common_pod_spec(spec, config)
+    pod_spec: Obj = common_pod_spec(spec, config)
     pod_spec.update(
         {
-            "securityContext": _pod_security(uid, gid, spec.seccomp_profile()),
+            "securityContext": pod_security(uid, gid, spec.seccomp_profile()),
             "containers": [container],
             "volumes": volumes,
         }
@@ -490,24 +388,12 @@ def network_policy(
 ) -> Obj | None:
     """The sandbox pod's NetworkPolicy (``None`` for an open network).
 
-    Denied: both directions listed with no rule, so nothing in or out (loopback
-    is never filtered).  Allowlist: out only to its own proxy pod on
-    ``PROXY_PORT``; no DNS (names are resolved by the proxy).
+    Its rules are :func:`.hardening.sandbox_policy_spec`'s: denied lets nothing
+    in or out, allowlist lets out only to its own proxy pod.
     """
-    mode = config.network.mode
-    if mode is NetworkMode.OPEN:
+    policy_spec = sandbox_policy_spec(config, sandbox_id)
+    if policy_spec is None:
         return None
-    policy_spec: Obj = {
-        "podSelector": _selector(sandbox_id, "sandbox"),
-        "policyTypes": ["Ingress", "Egress"],
-    }
-    if mode is NetworkMode.ALLOWLIST:
-        policy_spec["egress"] = [
-            {
-                "to": [{"podSelector": _selector(sandbox_id, "egress-proxy")}],
-                "ports": [{"protocol": "TCP", "port": PROXY_PORT}],
-            }
-        ]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -562,7 +448,6 @@ def proxy_pod(
 ) -> Obj:
     """The egress proxy's Pod for one allowlisted sandbox, hardened as the sandbox is."""
     labels = labels_for(config, sandbox_id, "egress-proxy", owner, tenant)
-    values = {"memory": memory_quantity(PROXY_MEMORY), "cpu": PROXY_CPU, "ephemeral-storage": "64Mi"}
     container: Obj = {
         "name": "proxy",
         "image": config.proxy_image or spec.proxy_image or config.image,
@@ -574,9 +459,9 @@ def proxy_pod(
             {"name": "LANG", "value": "C.UTF-8"},
         ],
         "ports": [{"name": "proxy", "containerPort": PROXY_PORT, "protocol": "TCP"}],
-        "resources": {"requests": dict(values), "limits": dict(values)},
+        "resources": proxy_resources(),
         # Always read-only: the proxy writes nothing (its source is in its argv).
-        "securityContext": _container_security(True),
+        "securityContext": container_security(True),
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
@@ -584,10 +469,10 @@ def proxy_pod(
         "stdin": False,
         "tty": False,
     }
-    pod_spec = _common_pod_spec(spec, config)
+    pod_spec = common_pod_spec(spec, config)
     pod_spec.update(
         {
-            "securityContext": _pod_security(PROXY_USER, PROXY_USER, spec.seccomp_profile()),
+            "securityContext": pod_security(PROXY_USER, PROXY_USER, spec.seccomp_profile()),
             "containers": [container],
             "volumes": [_memory_dir("tmp", 1 * MiB), _podinfo_volume()],
         }
@@ -604,48 +489,15 @@ def proxy_pod(
 def proxy_network_policy(
     config: SandboxConfig, spec: KubernetesSpec, sandbox_id: str, *, owner: str = "", tenant: str = ""
 ) -> Obj:
-    """The proxy pod's NetworkPolicy: in only from its sandbox; out to the internet
-    minus private, CGNAT, link-local and loopback ranges (plus the policy's own
-    ``cidrs``), on the policy's ports, and to the cluster DNS to resolve names."""
-    policy = config.network
-    ports = [{"protocol": "TCP", "port": p} for p in policy.ports]
-    egress: list[Obj] = [
-        {
-            "to": [
-                {"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_V4)}},
-                {"ipBlock": {"cidr": "::/0", "except": list(PRIVATE_V6)}},
-                *({"ipBlock": {"cidr": c}} for c in policy.cidrs),
-            ],
-            "ports": ports,
-        },
-        {
-            # The proxy resolves the allowed names; the usual kube-dns labels.
-            "to": [
-                {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-                }
-            ],
-            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-        },
-    ]
+    """The proxy pod's NetworkPolicy: :func:`.hardening.proxy_policy_spec`'s rules
+    (in only from its sandbox; out to the public internet on the policy's ports, and to DNS)."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _metadata(
             proxy_pod_name(sandbox_id), spec, labels_for(config, sandbox_id, "egress-proxy", owner, tenant)
         ),
-        "spec": {
-            "podSelector": _selector(sandbox_id, "egress-proxy"),
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": _selector(sandbox_id, "sandbox")}],
-                    "ports": [{"protocol": "TCP", "port": PROXY_PORT}],
-                }
-            ],
-            "egress": egress,
-        },
+        "spec": proxy_policy_spec(config, sandbox_id),
     }
 
 
