@@ -1,24 +1,10 @@
-"""Running commands: spawn, collect output, time out, kill whole process trees.
+"""Running commands: spawn, collect output, terminals.
 
 Each command runs in its own session (``setsid``), so its process group is
-its own, and its environment carries a marker, ``AGENTNEST_EXEC``.  The
-agent is a child subreaper, so orphans are reparented to it and reaped.
-
-A command with a timeout is also made a child subreaper itself (where the
-kernel has them; gVisor 20221219 does not): an orphan of its tree -- the
-double-forked daemon that called ``setsid``, cleared its environment and
-left for a process group of its own -- is reparented to the command's top
-process instead of to the agent, so it stays below the top for as long as
-the top lives, which no descendant can undo.
-
-A tree kill (timeout, cancel) keeps that attribution while it works: it
-stops the top and every member it finds (SIGSTOP; a stopped subreaper still
-adopts orphans, a stopped process forks no more) until a scan finds no new
-one, SIGKILLs the members below the top until a scan of ``/proc`` finds
-none, and the top last.  A member is: the top, what descends from a member
-(parent links), what shares the top's session or process group or that of a
-live member, or what carries the command's marker.  SIGKILL, not SIGTERM: it
-cannot be ignored and the command has had its time.
+its own, and its environment carries a marker, ``AGENTNEST_EXEC``.  Which
+processes belong to a command, and the kill of its whole tree (timeout,
+cancel), are decided in :mod:`.tree`, as is the child-subreaper bit of the
+agent and of each command with a timeout (see :func:`spawn`).
 
 What is not guaranteed:
 
@@ -43,20 +29,19 @@ import re
 import signal
 import subprocess
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-MARKER = "AGENTNEST_EXEC"
+from . import tree as treemod
+from .tree import FREEZE_ROUNDS as FREEZE_ROUNDS
+from .tree import KILL_ROUNDS as KILL_ROUNDS
+from .tree import MARKER, _pids, _proc_stat, become_subreaper
+from .tree import kill_tree as kill_tree
+from .tree import members as members
+from .tree import tree as tree
+
 #: After the main process exits, how long to keep reading output that its
 #: still-running background children may hold open before reporting.
 DRAIN_GRACE = 0.1
-#: Bounds on the scans of one tree kill (each scan reads /proc once).
-FREEZE_ROUNDS = 30
-KILL_ROUNDS = 50
-
-# prctl(2) from libc, kept by :func:`harden` when the kernel has child
-# subreapers: commands with a timeout become one before their exec.
-_PRCTL: Any = None
-_PR_SET_CHILD_SUBREAPER = 36
 # The descriptor of the subreaper trampoline (see _make_trampoline), if any.
 _TRAMPOLINE: Optional[int] = None
 
@@ -71,15 +56,13 @@ def harden() -> Dict[str, bool]:
       open ``/proc/<agent>/fd/*`` or ptrace it, so they cannot inject bytes
       into its channel.  (Code can still kill the agent; the host restarts it.)
     """
-    global _PRCTL
     done = {"subreaper": False, "undumpable": False}
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        done["subreaper"] = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        done["subreaper"] = treemod.set_subreaper(libc)
         if done["subreaper"]:
-            _PRCTL = libc.prctl
             _make_trampoline()
         done["undumpable"] = libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
         # Give the heap that loading the agent used back to the system: an
@@ -211,10 +194,10 @@ def spawn(
     preexec: Any = default_signals if reset else None
     path = ""
     trampoline = _TRAMPOLINE
-    if subreaper and _PRCTL is not None:
+    if subreaper and treemod._PRCTL is not None:
         if trampoline is None:
             # preexec_fn is unsafe with threads; the agent has one.
-            preexec = _become_subreaper_reset if reset else _become_subreaper
+            preexec = _become_subreaper_reset if reset else become_subreaper
         else:
             path = _find_program(argv[0], full_env, cwd)
             # Not found, or not executable: Popen reports it as it always does.
@@ -245,7 +228,7 @@ def spawn(
         # This system will not run the trampoline (a memfd exec refused, no
         # /proc): use the preexec_fn from now on.
         _drop_trampoline()
-        executable, pass_fds, preexec = None, (), _become_subreaper_reset if reset else _become_subreaper
+        executable, pass_fds, preexec = None, (), _become_subreaper_reset if reset else become_subreaper
         proc = popen()
     cmd = Command(cid, proc, marker, limit)
     assert proc.stdout is not None and proc.stderr is not None
@@ -476,7 +459,7 @@ def _take_terminal() -> None:
     import termios
 
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-    _become_subreaper()
+    become_subreaper()
     default_signals()
 
 
@@ -608,15 +591,9 @@ def _drop_trampoline() -> None:
         _TRAMPOLINE = None
 
 
-def _become_subreaper() -> None:
-    """In a child before ``exec``: adopt the orphans of its own tree (best effort)."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
 def _become_subreaper_reset() -> None:
-    """In a child before ``exec``: :func:`_become_subreaper` and :func:`default_signals`."""
-    _become_subreaper()
+    """In a child before ``exec``: :func:`.tree.become_subreaper` and :func:`default_signals`."""
+    become_subreaper()
     default_signals()
 
 
@@ -637,153 +614,3 @@ def _grow_pipe(fd: int) -> None:
         fcntl.fcntl(fd, 1031, 1024 * 1024)  # F_SETPIPE_SZ
     except OSError:
         pass
-
-
-def _pids() -> List[str]:
-    """The process ids in /proc (as strings), or none if it cannot be read."""
-    try:
-        return [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return []
-
-
-def _proc_stat(pid: str) -> Optional[Tuple[int, int, int, bytes]]:
-    """``(ppid, pgrp, session, state)`` of a live process; None for a zombie or a gone one."""
-    try:
-        with open("/proc/%s/stat" % pid, "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    # The command name may contain spaces and parentheses: split after the last ')'.
-    fields = raw[raw.rfind(b")") + 2 :].split()
-    try:
-        if fields[0] in (b"Z", b"X", b"x"):
-            return None  # already dead; its parent reaps it
-        return int(fields[1]), int(fields[2]), int(fields[3]), fields[0]
-    except (IndexError, ValueError):
-        return None
-
-
-def _has_marker(pid: str, marker: bytes) -> bool:
-    try:
-        with open("/proc/%s/environ" % pid, "rb") as f:
-            return marker in f.read().split(b"\x00")
-    except OSError:
-        return False
-
-
-def members(
-    procs: Dict[int, Tuple[int, int, int, bytes]],
-    root: int,
-    marked: Set[int],
-    root_alive: bool = True,
-) -> Set[int]:
-    """The processes of ``procs`` (pid: ppid, pgrp, session, state) that belong to ``root``'s command.
-
-    A member is the root (while ``root_alive``: a reaped root's pid may be
-    someone else's by now), a process in the root's process group or
-    session, one in ``marked`` (it carries the command's marker), and --
-    to a fixed point -- a child of a member, or a process whose process
-    group or session id is a member's pid.  The last rule is sound: such an
-    id is the pid of the process that created the group or session, and the
-    kernel gives no other process a pid while it names a live group or
-    session.
-    """
-    found: Set[int] = set()
-    for pid, (_ppid, pgrp, sid, _state) in procs.items():
-        if (root_alive and pid == root) or pgrp == root or sid == root or pid in marked:
-            found.add(pid)
-    changed = True
-    while changed:
-        changed = False
-        for pid, (ppid, pgrp, sid, _state) in procs.items():
-            if pid not in found and (ppid in found or pgrp in found or sid in found):
-                found.add(pid)
-                changed = True
-    return found
-
-
-def _scan(marker: str) -> Tuple[Dict[int, Tuple[int, int, int, bytes]], Set[int]]:
-    """Every live process but the agent and PID 1, and those carrying ``marker``."""
-    me = os.getpid()
-    needle = ("%s=%s" % (MARKER, marker)).encode()
-    procs: Dict[int, Tuple[int, int, int, bytes]] = {}
-    marked: Set[int] = set()
-    for p in _pids():
-        pid = int(p)
-        if pid in (me, 1):
-            continue
-        st = _proc_stat(p)
-        if st is None:
-            continue
-        procs[pid] = st
-        if _has_marker(p, needle):
-            marked.add(pid)
-    return procs, marked
-
-
-def tree(root: int, marker: str, root_alive: bool = True) -> Set[int]:
-    """Every live process that belongs to the command rooted at ``root`` (see :func:`members`)."""
-    procs, marked = _scan(marker)
-    return members(procs, root, marked, root_alive)
-
-
-def _signal(pid: int, sig: int) -> bool:
-    try:
-        os.kill(pid, sig)
-        return True
-    except OSError:
-        return False
-
-
-def kill_tree(root: int, marker: str, root_alive: bool = True) -> int:
-    """SIGKILL the command's whole tree, the root last; return how many processes were hit.
-
-    ``root_alive``: whether ``root`` is still the command's own process (not
-    yet reaped).  Order matters where the root is a child subreaper: while
-    it lives, even stopped, it adopts the orphans its tree makes, so they
-    stay its descendants until the scans have found them.
-    """
-    # 1. Freeze: a stopped process forks no more and keeps its children's
-    #    parent link.  Done when a scan finds no new member and every member
-    #    has stopped (bounded: a process in the kernel stops on its way out).
-    if root_alive:
-        # Only while the root is the command's own: a reaped root's pid (and
-        # so its group id, once the group is empty) may be another's by now.
-        try:
-            os.killpg(root, signal.SIGSTOP)
-        except OSError:
-            pass
-    stopped: Set[int] = set()
-    for _ in range(FREEZE_ROUNDS):
-        procs, marked = _scan(marker)
-        found = members(procs, root, marked, root_alive)
-        new = found - stopped
-        for pid in new:
-            _signal(pid, signal.SIGSTOP)
-        stopped |= found
-        if not new and all(procs[pid][3] in (b"T", b"t") for pid in found):
-            break
-    # 2. Kill everything below the root until a scan finds nothing, then the root.
-    #    The first round also takes what the freeze stopped (a stopped
-    #    process cannot exit, so its pid is still its own).
-    hit = 0
-    for _ in range(KILL_ROUNDS):
-        procs, marked = _scan(marker)
-        below = members(procs, root, marked, root_alive) | (stopped & set(procs))
-        below.discard(root)
-        stopped = set()
-        if not below:
-            break
-        for pid in below:
-            hit += _signal(pid, signal.SIGKILL)
-    if root_alive:
-        hit += _signal(root, signal.SIGKILL)
-    # 3. Sweep: whatever the root's death let go of that the rules still see.
-    for _ in range(KILL_ROUNDS):
-        left = tree(root, marker, root_alive=False)
-        if not left:
-            break
-        for pid in left:
-            hit += _signal(pid, signal.SIGKILL)
-    return hit

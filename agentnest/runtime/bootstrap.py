@@ -39,7 +39,7 @@ from functools import lru_cache
 from importlib import resources
 
 #: Load order matters: a module's relative imports must already be loaded.
-AGENT_MODULES = ("wire", "limits", "files", "exec", "sessions", "repl", "loop")
+AGENT_MODULES = ("wire", "limits", "files", "tree", "exec", "sessions", "repl", "loop")
 PACKAGE = "agentnest_agent"
 #: What PID 1 writes to the container's stderr when the first agent exits.
 AGENT_EXITED = b"\x00AGENTNEST-AGENT-EXITED\x00"

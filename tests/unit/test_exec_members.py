@@ -1,8 +1,8 @@
-"""Which processes belong to a command's tree: agent/exec.py's ``members``, on made-up process tables."""
+"""Which processes belong to a command's tree: agent/tree.py's ``members``, on made-up process tables."""
 
 from __future__ import annotations
 
-from agentnest.agent.exec import members
+from agentnest.agent.tree import members
 
 AGENT = 7
 ROOT = 100

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from agentnest.agent import exec as execmod
+from agentnest.agent import tree as treemod
 
 REPORT = r"""
 import ctypes, json, os
@@ -25,7 +26,7 @@ print(json.dumps({"subreaper": v.value, "argv0": argv0, "fds": sorted(os.listdir
 def trampoline(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         pytest.skip("the trampoline is x86-64 Linux only")
-    monkeypatch.setattr(execmod, "_PRCTL", ctypes.CDLL(None, use_errno=True).prctl)
+    monkeypatch.setattr(treemod, "_PRCTL", ctypes.CDLL(None, use_errno=True).prctl)
     monkeypatch.setattr(execmod, "_TRAMPOLINE", None)
     execmod._make_trampoline()
     fd = execmod._TRAMPOLINE
