@@ -41,7 +41,7 @@ from .errors import (
 from .events import EventType, Observer
 from .guard import Guard
 from .policy import NetworkPolicy, SecurityPolicy
-from .runtime import bootstrap
+from .runtime import launch
 from .runtime.base import Capability, RuntimeBackend, SandboxHandle
 from .secrets import SECRET_DIR, Secret
 
@@ -248,7 +248,7 @@ class SandboxCore:
                 self.handle.info["agent_replaced"] = True
                 stream.close()
                 stream = self.backend.open_channel(self.handle)
-            self.channel = Channel.connect(stream, bootstrap.bundle(), timeout=60.0)
+            self.channel = Channel.connect(stream, launch.bundle(), timeout=60.0)
         except ChannelError as exc:
             raise ChannelError(f"{exc}. Does the image {self.config.image!r} have python3?") from None
         return self.channel
@@ -397,7 +397,7 @@ class SandboxCore:
 
     def write_secret_files(self, files: dict[str, str]) -> None:
         """Write ``Secret(..., as_file=True)`` values into SECRET_DIR (agent/secret_files.py)."""
-        argv = bootstrap.script_command("python3", "secret_files", SECRET_DIR)
+        argv = launch.script_command("python3", "secret_files", SECRET_DIR)
         try:
             self.internal_program(argv, json.dumps(files).encode("utf-8"))
         except BackendError as exc:

@@ -48,7 +48,7 @@ from typing import Any
 
 from .config import ExecutionResult as ExecutionResult  # 0.3.0 had it here
 from .errors import ConfigurationError, ExecutionError, ExecutionTimeoutError
-from .runtime.bootstrap import script_command
+from .runtime.launch import script_command
 from .sandbox import Sandbox as Sandbox  # 0.3.0 had it here
 from .secrets import Secret
 

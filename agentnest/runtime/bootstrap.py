@@ -2,10 +2,13 @@
 
 A backend starts ``python3 -S -c BOOTSTRAP MODE [SECONDS]`` inside the
 sandbox with stdin/stdout connected to the host, then writes
-:func:`bundle` to it.  The bootstrap loads the agent's modules from that
-bundle straight into memory: nothing is written to the sandbox's
+:func:`.launch.bundle` to it.  The bootstrap loads the agent's modules from
+that bundle straight into memory: nothing is written to the sandbox's
 filesystem, so a read-only root and a remote engine both work, and the
-sandbox cannot plant a modified agent for the next start.
+sandbox cannot plant a modified agent for the next start.  This module
+keeps PID 1, its deadline and :func:`command`, the argv of every mode;
+packing the bundle, the pod's argv that carries it and those of the other
+shipped programs are :mod:`.launch`'s plumbing, which imports from here.
 
 Modes:
 
@@ -26,17 +29,11 @@ Modes:
 ``listen SECONDS SOCKET BUNDLE``
     The keeper of a Kubernetes pod: the bundle comes in the argv (base64),
     the agent listens on the unix socket ``SOCKET`` for hosts that connect
-    through ``agent/bridge.py`` (see :func:`listen_command`), and a dead agent
-    is started again.
+    through ``agent/bridge.py`` (see :func:`.launch.listen_command`), and a
+    dead agent is started again.
 """
 
 from __future__ import annotations
-
-import json
-import zlib
-from collections.abc import Sequence
-from functools import lru_cache
-from importlib import resources
 
 #: Load order matters: a module's relative imports must already be loaded.
 AGENT_MODULES = ("wire", "limits", "files", "tree", "exec", "sessions", "repl", "loop")
@@ -52,8 +49,8 @@ PODINFO_DEADLINE = "/etc/agentnest/podinfo/deadline"
 #: Open files per process in a sandbox (RLIMIT_NOFILE, hard and soft).
 NOFILE = 4096
 
-#: The one loader of every program shipped as a bundle (:func:`pack`): the
-#: agent (:data:`BOOTSTRAP`) and the egress proxy (:func:`program_command`).
+#: The one loader of every program shipped as a bundle (:func:`.launch.pack`): the
+#: agent (:data:`BOOTSTRAP`) and the egress proxy (:func:`.launch.program_command`).
 #: ``unpack(PKG, blob, lazy)`` defines the package ``PKG`` and its modules in
 #: memory, in the bundle's order, except those in ``lazy``; it returns the
 #: package, ``define(name, source)`` for the lazy ones, and the bundle's
@@ -225,92 +222,16 @@ else:
 )
 
 
-def pack(package: str, modules: Sequence[str]) -> bytes:
-    """A bundle: ``agentnest/<package>/<name>.py`` of each of ``modules`` (in load order), compressed.
+def command(mode: str, python: str = "python3", lifetime: float | None = None, *args: str) -> list[str]:
+    """The argv that starts the bootstrap in ``mode``, then ``args``.
 
-    What :data:`UNPACK` loads.  A module's relative imports must come
-    earlier in ``modules``; the package imports nothing outside itself.
+    The keepers (``keeper``, ``listen``) need the ``lifetime``: their timer
+    runs at least a second.  ``listen``'s ``args`` are the socket and the
+    bundle (:func:`.launch.listen_command`).
     """
-    pkg = resources.files(f"agentnest.{package}")
-    mods = [(name, (pkg / f"{name}.py").read_text("utf-8")) for name in modules]
-    return zlib.compress(json.dumps(mods).encode("utf-8"), 6)
-
-
-#: ``python -S -c RUN PKG MODULE BUNDLE ARGS...``: unpack the base64 bundle
-#: as package PKG, then ``sys.exit(PKG.MODULE.main(ARGS))``.
-RUN = UNPACK + (
-    "import base64\n"
-    "pkg = unpack(sys.argv[1], base64.b64decode(sys.argv[3]))[0]\n"
-    "sys.exit(getattr(pkg, sys.argv[2]).main(sys.argv[4:]))\n"
-)
-
-
-def program_command(python: str, package: str, blob: str, module: str, *args: str) -> list[str]:
-    """The argv that runs ``main(args)`` of ``agentnest/<package>/<module>.py`` from a bundle.
-
-    ``blob`` is :func:`pack`'s bundle of the package, base64-encoded: it
-    travels in the argv, so nothing is written to the container's filesystem
-    (its root stays read-only) and nothing in the image can replace it.  The
-    package is loaded as ``agentnest_<package>``.
-    """
-    return [python, "-S", "-c", RUN, f"agentnest_{package}", module, blob, *args]
-
-
-@lru_cache(maxsize=1)
-def bundle() -> bytes:
-    """The agent's sources, compressed and length-prefixed, ready to send."""
-    blob = pack("agent", AGENT_MODULES)
-    return b"%d\n" % len(blob) + blob
-
-
-def script_command(python: str, script: str, *args: str) -> list[str]:
-    """The argv that runs the standalone ``agentnest/agent/<script>.py`` in a sandbox.
-
-    Its source travels in the argv (``-I -S``: no environment, no site
-    packages), so nothing is installed in the image and nothing it holds can
-    replace the script.
-    """
-    source = (resources.files("agentnest.agent") / f"{script}.py").read_text("utf-8")
-    return [python, "-I", "-S", "-c", source, *args]
-
-
-def listen_command(python: str, lifetime: float, socket_path: str) -> list[str]:
-    """The argv of a pod's main process: the keeper, with the agent listening on ``socket_path``.
-
-    The agent's sources travel in the argv (base64, ~40 KiB: well under the
-    kernel's 128 KiB per argument), since nothing may be attached to the
-    pod's stdin (see :func:`agentnest.agent.loop.listen`).
-    """
-    import base64
-
-    blob = bundle().split(b"\n", 1)[1]
-    return [
-        python,
-        "-S",
-        "-c",
-        BOOTSTRAP,
-        "listen",
-        f"{max(1.0, lifetime):.3f}",
-        socket_path,
-        base64.b64encode(blob).decode("ascii"),
-    ]
-
-
-def command(mode: str, python: str = "python3", lifetime: float | None = None) -> list[str]:
-    """The argv that starts the bootstrap in ``mode``."""
     argv = [python, "-S", "-c", BOOTSTRAP, mode]
-    if mode == "keeper":
+    if mode in ("keeper", "listen"):
         if lifetime is None:
-            raise ValueError("keeper mode needs a lifetime")
+            raise ValueError(f"{mode} mode needs a lifetime")
         argv.append(f"{max(1.0, lifetime):.3f}")
-    return argv
-
-
-def bridge_command(python: str, socket_path: str, wait: float = 0.0) -> list[str]:
-    """The argv of one host connection to a pod's agent: ``agent/bridge.py`` relaying stdio to the socket.
-
-    ``wait``: how long the bridge waits for the socket to appear (a new pod's
-    agent is still starting).
-    """
-    source = (resources.files("agentnest.agent") / "bridge.py").read_text("utf-8")
-    return [python, "-I", "-S", "-c", source, socket_path, f"{max(0.0, wait):.1f}"]
+    return [*argv, *args]

@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..egress.rules import EVENT_ALLOWED, EVENT_DENIED, EVENT_READY, REASONS
-from .bootstrap import pack, program_command
+from .launch import pack, program_command
 
 __all__ = ["LOG_SIZE", "MAX_LINE", "PROXY_MODULES", "EgressLog", "proxy_command", "proxy_source_blob"]
 
@@ -47,7 +47,7 @@ def proxy_command(python: str, config: Mapping[str, Any]) -> list[str]:
     """The argv that runs the proxy from source with ``config``.
 
     The sources travel in the command line (about 23 KB), loaded by the
-    agent's loader (:func:`agentnest.runtime.bootstrap.program_command`):
+    agent's loader (:func:`agentnest.runtime.launch.program_command`):
     nothing is written to the container's filesystem, so its root stays
     read-only.
     """

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from ..channel.client import Channel
 from ..errors import AgentNestError
-from ..runtime import bootstrap
+from ..runtime import launch
 from ..runtime.base import Capability
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class _Spares:
         try:
             handle = backend.create_spare(config)
             try:
-                channel = Channel.connect(backend.open_channel(handle), bootstrap.bundle(), timeout=60.0)
+                channel = Channel.connect(backend.open_channel(handle), launch.bundle(), timeout=60.0)
             except BaseException:
                 backend.destroy(handle)
                 raise

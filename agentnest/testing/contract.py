@@ -37,7 +37,7 @@ from ..errors import (
     UnsupportedCapabilityError,
 )
 from ..policy import NetworkPolicy, SecurityPolicy
-from ..runtime import bootstrap
+from ..runtime import launch
 from ..runtime.base import Capability, RuntimeBackend
 from ..sandbox import Sandbox
 
@@ -70,7 +70,7 @@ class BackendContract:
             if isinstance(ids, int):
                 channel = Channel.connect(stream, None, timeout=60, after=ids)
             else:
-                channel = Channel.connect(stream, bootstrap.bundle(), timeout=60)
+                channel = Channel.connect(stream, launch.bundle(), timeout=60)
             assert channel.hello is not None
             assert channel.hello.uid != 0, "the agent must not run as root"
             reply = channel.request({"t": "ping"}, time.monotonic() + 30)

@@ -426,13 +426,13 @@ def test_kubectl_sees_the_fakes_refusals(api: FakeKubeAPI, kubectl: list[str]) -
 def test_a_channel_to_the_real_agent_over_the_exec_websocket(target: ExecTarget, tmp_path: Path) -> None:
     """The pod's keeper listens on a unix socket; each connection is an exec of the bridge."""
     from agentnest.channel.client import Channel
-    from agentnest.runtime import bootstrap
+    from agentnest.runtime import launch
 
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     sock = str(tmp_path / "agent.sock")
     keeper = subprocess.Popen(
-        bootstrap.listen_command(sys.executable, 60, sock),
+        launch.listen_command(sys.executable, 60, sock),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -442,7 +442,7 @@ def test_a_channel_to_the_real_agent_over_the_exec_websocket(target: ExecTarget,
     )
     try:
         wait_until(lambda: os.path.exists(sock), "the agent's socket", within=20)
-        stream = ExecStream.open(target, bootstrap.bridge_command(sys.executable, sock))
+        stream = ExecStream.open(target, launch.bridge_command(sys.executable, sock))
         channel = Channel.connect(stream, None, timeout=20, after=1)
         try:
             handle = channel.start_exec(

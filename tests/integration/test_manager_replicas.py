@@ -303,7 +303,7 @@ def test_every_replica_serves_every_sandbox(replicas: tuple[Replica, Replica, st
     (HTTP bodies both ways, an event stream, the agent channel's websocket); a request for a
     sandbox nobody runs is still 404, and another token's sandbox stays refused."""
     from agentnest.channel.client import Channel
-    from agentnest.runtime import bootstrap
+    from agentnest.runtime import launch
     from agentnest.runtime.base import SandboxHandle
     from agentnest.runtime.remote import RemoteBackend
 
@@ -343,7 +343,7 @@ def test_every_replica_serves_every_sandbox(replicas: tuple[Replica, Replica, st
         remote = RemoteBackend(second.url, secret)
         try:
             stream = remote.open_channel(SandboxHandle(sid, "docker", time.time() + 60))
-            channel = Channel.connect(stream, bootstrap.bundle(), timeout=60)
+            channel = Channel.connect(stream, launch.bundle(), timeout=60)
             try:
                 assert channel.hello is not None
                 assert channel.list_sessions(time.monotonic() + 30) == ()

@@ -25,7 +25,7 @@ from test_agent_listen import WAIT, run  # the same agent, reached through a soc
 from agentnest.channel.client import Channel
 from agentnest.channel.streams import SocketStream
 from agentnest.errors import ChannelError
-from agentnest.runtime import bootstrap
+from agentnest.runtime import bootstrap, launch
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -53,13 +53,13 @@ class Container:
             start_new_session=True,
         )
         child.close()
-        self.first = Channel.connect(SocketStream(host), bootstrap.bundle(), timeout=WAIT)
+        self.first = Channel.connect(SocketStream(host), launch.bundle(), timeout=WAIT)
         self.bridges: list[subprocess.Popen[bytes]] = []
 
     def bridge(self, after: int) -> Channel:
         host, child = socket.socketpair()
         bridge = subprocess.Popen(
-            bootstrap.bridge_command(sys.executable, self.sock),
+            launch.bridge_command(sys.executable, self.sock),
             stdin=child.fileno(),
             stdout=child.fileno(),
             stderr=subprocess.DEVNULL,

@@ -1,6 +1,6 @@
 """The agent of a pod: listening on a unix socket, reached through the bridge, outliving connections.
 
-Run here as local processes (the keeper of ``bootstrap.listen_command`` and
+Run here as local processes (the keeper of ``launch.listen_command`` and
 ``agent/bridge.py``): what the Kubernetes backend runs in a pod and through
 each exec.  A host connection is the bridge's stdin and stdout.
 """
@@ -21,7 +21,7 @@ import pytest
 from agentnest.channel.client import Channel
 from agentnest.channel.streams import SocketStream
 from agentnest.errors import ChannelError
-from agentnest.runtime import bootstrap
+from agentnest.runtime import launch
 from agentnest.testing.wait import wait_until
 
 WAIT = 20.0
@@ -36,7 +36,7 @@ class Pod:
         self.sock = str(root / "agent.sock")
         env = {**os.environ, "AGENTNEST_WORKSPACE": str(self.workspace)}
         self.keeper = subprocess.Popen(
-            bootstrap.listen_command(sys.executable, 120, self.sock),
+            launch.listen_command(sys.executable, 120, self.sock),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -51,7 +51,7 @@ class Pod:
         wait_until(lambda: os.path.exists(self.sock), "the agent's socket", within=WAIT)
         host, child = socket.socketpair()
         bridge = subprocess.Popen(
-            bootstrap.bridge_command(sys.executable, self.sock),
+            launch.bridge_command(sys.executable, self.sock),
             stdin=child.fileno(),
             stdout=child.fileno(),
             stderr=subprocess.PIPE,
@@ -159,7 +159,7 @@ def test_a_dead_agent_is_started_again_by_the_keeper(pod: Pod) -> None:
 def test_the_bridge_without_an_agent_exits_naming_the_socket(tmp_path: Path) -> None:
     missing = str(tmp_path / "nothing.sock")
     done = subprocess.run(
-        bootstrap.bridge_command(sys.executable, missing),
+        launch.bridge_command(sys.executable, missing),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=WAIT,

@@ -33,7 +33,7 @@ from agentnest.channel import client
 from agentnest.channel.client import Channel, ExecHandle
 from agentnest.channel.protocol import HOST_MAX_BODY, RawExit
 from agentnest.errors import ChannelError, FileAccessError
-from agentnest.runtime import bootstrap
+from agentnest.runtime import launch
 from agentnest.testing.peer import Peer
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,7 +109,7 @@ class Agent:
         self.workspace = workspace
         self.tag = tag
         self.local = LocalAgent(str(workspace))
-        self.channel = Channel.connect(self.local.stream, bootstrap.bundle(), timeout=WAIT)
+        self.channel = Channel.connect(self.local.stream, launch.bundle(), timeout=WAIT)
         self.pids: list[int] = []
 
     def start(
@@ -458,7 +458,7 @@ def test_stdin_closed_earlier_in_the_same_batch_does_not_crash_the_agent(workspa
     )
     cmd_pid = None
     try:
-        sock.sendall(bootstrap.bundle())
+        sock.sendall(launch.bundle())
         hello = receive()
         assert hello is not None and hello["t"] == "hello"
         exec_frame = {

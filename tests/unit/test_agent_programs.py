@@ -1,7 +1,7 @@
 """Programs shipped as source on a command line: ``agent/git_clone.py`` and ``agent/deadline_file.py``.
 
 Run here as the sandbox would run them (``python3 -I -S -c SOURCE ...``,
-through :func:`agentnest.runtime.bootstrap.script_command`), on this host.
+through :func:`agentnest.runtime.launch.script_command`), on this host.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentnest.runtime.bootstrap import script_command
+from agentnest.runtime.launch import script_command
 
 AGENT_DIR = Path(__file__).resolve().parents[2] / "agentnest" / "agent"
 

@@ -24,7 +24,7 @@ from doubles.local_agent import LocalAgent
 
 from agentnest.channel.client import Channel, ExecHandle
 from agentnest.channel.protocol import RawValue
-from agentnest.runtime import bootstrap
+from agentnest.runtime import launch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -75,7 +75,7 @@ def channel(tmp_path: Path) -> Iterator[Channel]:
         # The premise: the agent itself did inherit both (else this tests nothing).
         assert agent_masks["SigIgn"] & bit(signal.SIGQUIT)
         assert agent_masks["SigBlk"] & bit(signal.SIGHUP)
-        ch = Channel.connect(agent.stream, bootstrap.bundle(), timeout=WAIT)
+        ch = Channel.connect(agent.stream, launch.bundle(), timeout=WAIT)
         yield ch
         ch.close()
     finally:

@@ -1,4 +1,4 @@
-"""Shipping the agent and the egress proxy (runtime/bootstrap.py): bundles, one loader, standalone starts."""
+"""Shipping the agent and the egress proxy (runtime/bootstrap.py, launch.py): bundles, one loader, starts."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentnest.agent.wire import PROTOCOL_VERSION, Decoder
-from agentnest.runtime import bootstrap
+from agentnest.runtime import bootstrap, launch
 
 AGENT_DIR = Path(bootstrap.__file__).resolve().parent.parent / "agent"
 
@@ -28,7 +28,7 @@ def unpack(bundle: bytes) -> list[tuple[str, str]]:
 
 
 def test_bundle_holds_the_agent_modules_in_load_order() -> None:
-    mods = unpack(bootstrap.bundle())
+    mods = unpack(launch.bundle())
     assert [name for name, _ in mods] == list(bootstrap.AGENT_MODULES)
     for name, src in mods:
         assert src == (AGENT_DIR / f"{name}.py").read_text("utf-8")
@@ -39,6 +39,17 @@ def test_agent_command() -> None:
     assert argv[0] == "/usr/bin/python3"
     assert "-S" in argv
     assert argv[-1] == "agent"
+
+
+def test_keeper_commands_carry_a_lifetime_of_at_least_a_second() -> None:
+    assert bootstrap.command("keeper", "py", 0.2)[3:] == [bootstrap.BOOTSTRAP, "keeper", "1.000"]
+    for mode in ("keeper", "listen"):
+        with pytest.raises(ValueError, match=f"{mode} mode needs a lifetime"):
+            bootstrap.command(mode)
+    argv = launch.listen_command("py", 90.5, "/run/a.sock")
+    assert argv[:7] == ["py", "-S", "-c", bootstrap.BOOTSTRAP, "listen", "90.500", "/run/a.sock"]
+    assert base64.b64decode(argv[7]) == launch.bundle().split(b"\n", 1)[1]
+    assert len(argv) == 8
 
 
 @pytest.mark.parametrize("name", bootstrap.AGENT_MODULES)
@@ -73,7 +84,7 @@ def test_bootstrap_starts_the_agent_without_agentnest_installed(tmp_path: Path) 
     child.close()
     try:
         host.settimeout(15)
-        host.sendall(bootstrap.bundle())
+        host.sendall(launch.bundle())
         decoder = Decoder()
         deadline = time.monotonic() + 15
         frames: list[tuple[dict[str, object], bytes]] = []
@@ -104,9 +115,9 @@ def test_the_agent_and_the_proxy_share_one_loader() -> None:
     from agentnest.runtime.egresslog import PROXY_MODULES, proxy_command
 
     assert bootstrap.BOOTSTRAP.startswith(bootstrap.UNPACK)
-    assert bootstrap.RUN.startswith(bootstrap.UNPACK)
+    assert launch.RUN.startswith(bootstrap.UNPACK)
     argv = proxy_command("python3", {"listen": ["127.0.0.1", 0]})
-    assert argv[:4] == ["python3", "-S", "-c", bootstrap.RUN]
+    assert argv[:4] == ["python3", "-S", "-c", launch.RUN]
     assert argv[4:6] == ["agentnest_egress", "proxy"]
     egress = Path(bootstrap.__file__).resolve().parent.parent / "egress"
     mods = json.loads(zlib.decompress(base64.b64decode(argv[6])))
@@ -120,7 +131,7 @@ def test_a_bundled_program_runs_without_agentnest_installed(tmp_path: Path) -> N
     """``program_command``: the package is defined in memory, its main's return is the exit code."""
     from agentnest.runtime.egresslog import proxy_source_blob
 
-    argv = bootstrap.program_command(sys.executable, "egress", proxy_source_blob(), "proxy")
+    argv = launch.program_command(sys.executable, "egress", proxy_source_blob(), "proxy")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert (done.returncode, done.stderr) == (2, "usage: proxy.py CONFIG_JSON\n")  # main() without a config

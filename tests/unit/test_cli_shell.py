@@ -30,7 +30,7 @@ from agentnest.cli import build_parser, main
 from agentnest.cli import shell as shell_cmd
 from agentnest.cli._output import is_terminal, print_table, status
 from agentnest.errors import ChannelError
-from agentnest.runtime import bootstrap, registry
+from agentnest.runtime import launch, registry
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -81,7 +81,7 @@ class Terminal:
 @pytest.fixture
 def channel(tmp_path: Path) -> Iterator[Channel]:
     local = LocalAgent(str(tmp_path))
-    ch = Channel.connect(local.stream, bootstrap.bundle(), timeout=WAIT)
+    ch = Channel.connect(local.stream, launch.bundle(), timeout=WAIT)
     try:
         yield ch
     finally:

@@ -11,7 +11,7 @@ from agentnest.agent.wire import Header
 from agentnest.channel.client import Channel
 from agentnest.config import SandboxConfig
 from agentnest.errors import BackendError, ChannelError, UnsupportedCapabilityError
-from agentnest.runtime import bootstrap
+from agentnest.runtime import launch
 from agentnest.runtime.base import Capability, SandboxHandle
 from agentnest.testing.fake import DEFAULT_CAPABILITIES, FakeBackend, Replies, exec_reply
 
@@ -39,7 +39,7 @@ def test_a_sandbox_runs_on_scripted_replies_and_the_backend_records_it() -> None
 def test_the_channel_skips_the_bundle_and_gets_the_default_answers() -> None:
     backend = FakeBackend(hello={"agent": "1.2.3", "caps": ["exec", "pty"]})
     handle = backend.create(SandboxConfig(image="x"))
-    channel = Channel.connect(backend.open_channel(handle), bootstrap.bundle(), timeout=10)
+    channel = Channel.connect(backend.open_channel(handle), launch.bundle(), timeout=10)
     try:
         assert channel.hello is not None and channel.hello.agent == "1.2.3"
         assert "pty" in channel.hello.capabilities
@@ -81,7 +81,7 @@ def test_an_agent_that_cannot_start_fails_the_connect() -> None:
     backend = FakeBackend(starts=False)
     handle = SandboxHandle("s", "fake", 0.0)
     with pytest.raises(ChannelError, match="could not start"):
-        Channel.connect(backend.open_channel(handle), bootstrap.bundle(), timeout=10)
+        Channel.connect(backend.open_channel(handle), launch.bundle(), timeout=10)
 
 
 def test_capabilities_runtime_and_the_contract_defaults() -> None:
@@ -100,7 +100,7 @@ def test_a_reply_may_be_a_header_a_frame_or_a_list() -> None:
     }
     backend = FakeBackend(lambda request, body: answers[request["t"]])
     handle = backend.create(SandboxConfig(image="x"))
-    channel = Channel.connect(backend.open_channel(handle), bootstrap.bundle(), timeout=10)
+    channel = Channel.connect(backend.open_channel(handle), launch.bundle(), timeout=10)
     try:
         assert channel.request({"t": "ping"}, None)["t"] == "pong"
         assert channel.request({"t": "mkdir", "path": "/workspace/d"}, None)["t"] == "done"

@@ -194,9 +194,9 @@ def test_the_exec_url_quotes_every_argument() -> None:
 
 
 def test_long_argv_fits_and_too_long_is_refused() -> None:
-    from agentnest.runtime import bootstrap
+    from agentnest.runtime import launch
 
-    argv = bootstrap.bridge_command(sys.executable, "/run/agentnest/agent.sock")
+    argv = launch.bridge_command(sys.executable, "/run/agentnest/agent.sock")
     assert len(connection.exec_url(target(), argv)) < connection.MAX_URL_BYTES
     with pytest.raises(ConfigurationError, match="1 MiB"):
         connection.exec_url(target(), ["x" * connection.MAX_URL_BYTES])

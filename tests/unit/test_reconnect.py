@@ -19,7 +19,7 @@ from agentnest.agent import wire
 from agentnest.channel.client import Channel, ExecHandle
 from agentnest.channel.protocol import RawExit, RawSessionRun, RawValue
 from agentnest.channel.streams import ByteStream, SocketStream
-from agentnest.runtime import bootstrap
+from agentnest.runtime import launch
 from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -108,7 +108,7 @@ def test_reconnect_gets_a_fresh_hello_and_keeps_the_agent_state(tmp_path: object
     switch = Switch(str(tmp_path))
     try:
         deadline = time.monotonic() + WAIT
-        first = Channel.connect(switch.connect(), bootstrap.bundle())
+        first = Channel.connect(switch.connect(), launch.bundle())
         assert first.hello is not None and "reconnect" in first.hello.capabilities
         opened = first.open_session(deadline, name="main", key="0123456789ab")
         assert run(first, opened.session, "x = 41") is None
@@ -139,7 +139,7 @@ def test_reconnect_gets_a_fresh_hello_and_keeps_the_agent_state(tmp_path: object
 def test_new_request_ids_continue_above_the_old_ones(tmp_path: object) -> None:
     switch = Switch(str(tmp_path))
     try:
-        first = Channel.connect(switch.connect(), bootstrap.bundle())
+        first = Channel.connect(switch.connect(), launch.bundle())
         used = [start(first, ["true"]).id for _ in range(3)]
         switch.drop()
         wait_until(lambda: not first.alive, "the first channel to break")

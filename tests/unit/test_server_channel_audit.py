@@ -16,7 +16,7 @@ from server_fakes import IMAGE, LocalBackend, add_token, make_settings
 from agentnest import MemoryObserver, Sandbox, Secret
 from agentnest.agent import wire
 from agentnest.events import EventType
-from agentnest.runtime import bootstrap
+from agentnest.runtime import launch
 from agentnest.runtime.remote import RemoteBackend
 from agentnest.server.app import ServerSettings, create_app
 from agentnest.server.channel_audit import MAX_CODE_BYTES, MAX_PENDING, ChannelAudit, FrameScanner
@@ -269,7 +269,7 @@ def test_garbage_on_the_channel_closes_it_before_the_agent_sees_it(client: Clien
     with Sandbox(IMAGE, timeout=60, backend=client.remote) as sb:
         target = url.replace("http://", "ws://") + f"/v1/sandboxes/{sb.id}/channel"
         with connect(target, additional_headers={"Authorization": f"Bearer {secret}"}) as ws:
-            ws.send(bootstrap.bundle() + b"\x00\x00\x00\x05\x00\x00\x00\x00{bad}")
+            ws.send(launch.bundle() + b"\x00\x00\x00\x05\x00\x00\x00\x00{bad}")
             with pytest.raises(Exception) as closed:  # websockets' close classes vary by version
                 while True:
                     ws.recv(timeout=10)

@@ -56,7 +56,7 @@ from agentnest.channel.protocol import (
 )
 from agentnest.errors import ChannelError
 from agentnest.guard import ApprovalRequest
-from agentnest.runtime import bootstrap
+from agentnest.runtime import launch
 from agentnest.testing.peer import Peer as BasePeer
 
 pytestmark = pytest.mark.timeout(60)
@@ -972,7 +972,7 @@ def test_sessions_work_on_python_3_8(tmp_path: Path) -> None:
         pytest.skip("no Python 3.8 on this machine")
     agent = LocalAgent(str(tmp_path), python=python)
     try:
-        channel = Channel.connect(agent.stream, bootstrap.bundle(), timeout=WAIT)
+        channel = Channel.connect(agent.stream, launch.bundle(), timeout=WAIT)
         info = channel.open_session(time.monotonic() + WAIT)
         assert info.python.startswith("3.8.")
 

@@ -40,7 +40,7 @@ from agentnest.channel.client import Channel
 from agentnest.channel.protocol import ProtocolViolation, RawSessionRun, RawValue, parse_session_list
 from agentnest.channel.streams import ByteStream, SocketStream
 from agentnest.errors import ChannelError
-from agentnest.runtime import bootstrap
+from agentnest.runtime import launch
 from agentnest.runtime.base import SandboxHandle
 from agentnest.session import check_name
 from agentnest.testing.peer import Peer
@@ -322,7 +322,7 @@ class Relay:
     def __init__(self, workspace: str) -> None:
         self.agent = LocalAgent(workspace)
         self.connections = 0
-        self._bundle = len(bootstrap.bundle())
+        self._bundle = len(launch.bundle())
         self._hello: bytes | None = None
         self._greeted = threading.Event()
         self._host: socket.socket | None = None
@@ -421,7 +421,7 @@ def test_a_fresh_channel_lists_and_attaches_by_name(tmp_path: Path) -> None:
     relay = Relay(str(tmp_path))
     try:
         deadline = time.monotonic() + WAIT
-        first = Channel.connect(relay.connect(), bootstrap.bundle())
+        first = Channel.connect(relay.connect(), launch.bundle())
         opened = first.open_session(deadline, name="main", key="0123456789ab")
         assert not opened.attached and opened.name == "main" and opened.key == "0123456789ab"
         anonymous = first.open_session(deadline, key="abcdef")
@@ -430,7 +430,7 @@ def test_a_fresh_channel_lists_and_attaches_by_name(tmp_path: Path) -> None:
         wait_until(lambda: not first.alive, "the first channel to break")
 
         # A new host channel, with nothing on the host side: the agent knows.
-        second = Channel.connect(relay.connect(), bootstrap.bundle())
+        second = Channel.connect(relay.connect(), launch.bundle())
         assert second.hello is not None and "session-names" in second.hello.capabilities
         listed = {i.name: i for i in second.list_sessions(deadline)}
         assert set(listed) == {"main", None}

@@ -42,7 +42,7 @@ from ...errors import (
     UnsupportedCapabilityError,
 )
 from ...policy import NetworkMode
-from .. import bootstrap, mounts, storage
+from .. import bootstrap, launch, mounts, storage
 from ..base import Capability, RuntimeBackend, SandboxHandle
 from . import checkpoint, egress, gpus, hardening, images, labels, seccomp
 from .engine import Background, engine_client, map_docker_errors, missing_image_hint, raw_socket
@@ -547,7 +547,7 @@ class DockerBackend(RuntimeBackend):
             return stream
         if handle.info.get("reattach") and "reconnect_ids" in handle.info:
             what = "reconnecting to the in-sandbox agent"
-            argv = bootstrap.bridge_command(self.spec.python, REATTACH_SOCKET)
+            argv = launch.bridge_command(self.spec.python, REATTACH_SOCKET)
         else:
             # A later agent, next to the running keeper.  It lingers only if
             # it can take the socket's name: a second agent while the first

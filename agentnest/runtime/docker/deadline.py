@@ -28,7 +28,8 @@ import signal
 from typing import Any
 
 from ...errors import BackendError, SandboxDestroyedError
-from ..bootstrap import DEADLINE_FILE, script_command
+from ..bootstrap import DEADLINE_FILE
+from ..launch import script_command
 
 #: ``agent/deadline_file.py`` runs as root in the sandbox: it writes the deadline
 #: atomically, never through a link, and reads it only from a root-owned regular file.

@@ -46,9 +46,10 @@ from ...errors import (
 )
 from ...policy import NetworkMode
 from ..base import Capability, RuntimeBackend, SandboxHandle
-from ..bootstrap import PODINFO_DEADLINE, bridge_command, script_command
+from ..bootstrap import PODINFO_DEADLINE
 from ..bootstrap import command as bootstrap_command
 from ..egresslog import EgressLog
+from ..launch import bridge_command, script_command
 from ..owner import owner
 from . import manifests, netcheck
 from .egress import ProxyLogFollower

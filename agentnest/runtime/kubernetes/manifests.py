@@ -520,11 +520,11 @@ def render(
     not yet processed does not protect a pod that already runs); the proxy
     before the sandbox, whose ``hostAliases`` need its address; the Secret
     before the Pod that references it.  ``command`` defaults to the listening
-    agent (``bootstrap.listen_command``), ``proxy_command`` to the egress
+    agent (``launch.listen_command``), ``proxy_command`` to the egress
     proxy from source (``runtime.egresslog.proxy_command``).
     """
     if command is None:
-        from ..bootstrap import listen_command
+        from ..launch import listen_command
 
         command = listen_command(spec.python, config.lifetime, AGENT_SOCKET)
     who = {"owner": owner, "tenant": tenant}

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...errors import ConfigurationError, VerificationError
-from ..bootstrap import script_command
+from ..launch import script_command
 
 __all__ = ["DEFAULT_PROBES", "Outcome", "judge", "parse_addresses", "probe_argv", "targets"]
 
