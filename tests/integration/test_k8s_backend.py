@@ -265,7 +265,7 @@ def test_a_pod_that_reaches_the_apiserver_is_deleted_never_handed_out(
         wait_until(
             lambda: (
                 not leaky.node.client.containers.list(
-                    all=True, filters={"label": "agentnest.kubedouble"}, ignore_removed=True
+                    all=True, filters={"label": leaky.node.selector}, ignore_removed=True
                 )
             ),
             "the pod's container to be removed",

@@ -36,6 +36,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,6 +166,9 @@ class DockerNode(Node):
         self._links: dict[str, list[str]] = {}  # pod uid -> its link networks
         self._lock = threading.Lock()
         self._runtimes: set[str] | None = None
+        # This node's own label value: close() removes only what this node made, so two
+        # nodes (two test workers, two runs) on one engine never remove each other's pods.
+        self.instance = uuid.uuid4().hex[:12]
 
     def _known_runtimes(self) -> set[str]:
         if self._runtimes is None:
@@ -358,7 +362,11 @@ class DockerNode(Node):
         kwargs: dict[str, Any] = {
             "name": f"kubedouble-{ns}-{meta['name']}"[:120],
             "command": list(container.get("command") or []) + list(container.get("args") or []),
-            "labels": {LABEL: "1", f"{LABEL}.pod": f"{ns}/{meta['name']}", f"{LABEL}.uid": meta["uid"]},
+            "labels": {
+                LABEL: self.instance,
+                f"{LABEL}.pod": f"{ns}/{meta['name']}",
+                f"{LABEL}.uid": meta["uid"],
+            },
             "hostname": meta["name"][:63],
             "read_only": bool(sc.get("readOnlyRootFilesystem")),
             "cap_drop": list(caps.get("drop") or []),
@@ -474,7 +482,7 @@ class DockerNode(Node):
                     ipam=IPAMConfig(
                         pool_configs=[IPAMPool(subnet=str(subnet), gateway=str(subnet.network_address + 1))]
                     ),
-                    labels={LABEL: "1"},
+                    labels={LABEL: self.instance},
                     check_duplicate=True,
                 )
                 return
@@ -575,15 +583,22 @@ class DockerNode(Node):
                     raise
         self._drop_links(uid)
 
+    @property
+    def selector(self) -> str:
+        """The label filter that finds exactly what this node made."""
+        return f"{LABEL}={self.instance}"
+
     def close(self) -> None:
         try:
             # ignore_removed: a pod's container may go meanwhile (stop() works in the background).
-            for c in self.client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
+            for c in self.client.containers.list(
+                all=True, filters={"label": self.selector}, ignore_removed=True
+            ):
                 try:
                     c.remove(force=True)
                 except Exception:  # best effort: the test's own cleanup
                     continue
-            for n in self.client.networks.list(filters={"label": LABEL}):
+            for n in self.client.networks.list(filters={"label": self.selector}):
                 try:
                     n.remove()
                 except Exception:  # best effort: the test's own cleanup
