@@ -5,25 +5,29 @@ reader thread decodes frames and hands each to the request that owns its id,
 so many commands, streams and file transfers interleave on one channel and
 threads may share it.
 
-Nothing the agent sends is trusted: frames are size-bounded by the decoder,
-every field is checked by :mod:`.protocol`, output is cut at the caller's
-limit, and every wait has a deadline.  An agent that breaks any of these is
-treated as gone: the channel closes and the owner starts a new one.
+Nothing the agent sends is trusted, and nothing it sends is judged here:
+frames are size-bounded by the decoder, and every check (each field, the
+frames a request accepts, the output budget, the bounds of a read or a
+listing, the deadline and heartbeat of every wait) is a call into
+:mod:`.protocol`.  This module moves bytes, routes frames to the request
+that owns their id, and applies the verdicts: a :class:`ProtocolViolation`
+closes the channel (the agent is treated as gone; the owner starts a new
+one), and an error from a check fails its request.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from ..errors import ChannelError, FileAccessError, FileTooLargeError, SessionLostError
+from ..errors import ChannelError
 from .protocol import (
-    MAX_DISPLAY_ITEMS,
+    Collected,
+    ExecFrames,
     Frame,
     Header,
     Hello,
@@ -32,19 +36,22 @@ from .protocol import (
     RawExit,
     RawSessionRun,
     RawValue,
+    RunFrames,
     SessionInfo,
     WireError,
+    check_opened,
+    check_written,
     encode,
-    error_fields,
     new_decoder,
-    parse_display,
-    parse_exit,
     parse_hello,
     parse_session_list,
-    parse_session_opened,
-    parse_session_ran,
-    parse_value,
+    raise_if_error,
+    session_reply,
+    wait_time,
 )
+
+# Raised by protocol.session_error; importable from here as before.
+from .protocol import SessionBusy as SessionBusy
 from .streams import ByteStream
 
 __all__ = ["Channel", "ExecHandle", "RawExit", "SessionRunHandle"]
@@ -55,7 +62,7 @@ _HELLO = 0
 _QUEUE_DEPTH = 256
 #: While a command runs the agent sends a frame at least every second (a
 #: heartbeat).  No complete frame for this long means the channel is stuck,
-#: e.g. sandbox code wrote half a frame into it.
+#: e.g. sandbox code wrote half a frame into it (judged by protocol.wait_time).
 STALL_AFTER = 10.0
 
 
@@ -241,18 +248,14 @@ class Channel:
     ) -> Frame:
         while True:
             now = time.monotonic()
-            wait = None if deadline is None else deadline - now
-            if wait is not None and wait <= 0:
-                raise self._timeout(what)
-            if stall is not None and self._held:
-                wait = 1.0 if wait is None else min(wait, 1.0)  # look again once resumed
-            elif stall is not None:
-                # Quiet since the last frame, or since the request was sent
-                # (an idle channel has no heartbeats before it).
-                quiet = now - max(self._last_frame, since)
-                if quiet >= stall:
-                    raise self._timeout(what, stalled=quiet)
-                wait = stall - quiet if wait is None else min(wait, stall - quiet)
+            # Quiet since the last frame, or since the request was sent
+            # (an idle channel has no heartbeats before it).
+            quiet = now - max(self._last_frame, since)
+            left = None if deadline is None else deadline - now
+            try:
+                wait = wait_time(left, quiet, stall, self._held, what)
+            except ProtocolViolation as exc:
+                raise self._violated(exc) from None
             try:
                 item = p.q.get(timeout=wait)
             except queue.Empty:
@@ -261,16 +264,10 @@ class Channel:
                 raise ChannelError(f"the agent channel is closed: {self._broken or 'request abandoned'}")
             return item
 
-    def _timeout(self, what: str, stalled: float | None = None) -> ChannelError:
-        # An agent that misses a deadline is misbehaving: drop the channel so
-        # the owner starts a fresh agent instead of waiting on this one.
-        self.close("the agent stopped answering")
-        if stalled is not None:
-            return ChannelError(
-                f"the channel stalled for {stalled:.0f}s (no heartbeat) while waiting for {what}; "
-                "it was reset"
-            )
-        return ChannelError(f"the agent did not deliver {what} in time; the channel was reset")
+    def _violated(self, exc: ProtocolViolation) -> ChannelError:
+        """Apply a violation's verdict: close the channel; the error for the caller to raise."""
+        self.close(exc.reason)
+        return ChannelError(exc.error)
 
     # -- requests ----------------------------------------------------------
 
@@ -288,7 +285,7 @@ class Channel:
             header["id"] = p.rid
             self.send(header)
             reply, _ = self._get(p, deadline, f"a reply to {header['t']!r}", stall=stall, since=since)
-            _raise_if_error(reply, header.get("path"))
+            raise_if_error(reply, header.get("path"))
             return reply
         finally:
             self._unregister(p)
@@ -358,12 +355,10 @@ class Channel:
             header["id"] = p.rid
             self.send(header)
             reply, _ = self._get(p, deadline, f"a reply to {header['t']!r}")
-            if reply["t"] == "error":
-                raise _session_error(reply)
-            if reply["t"] != "done":
-                self.close(f"protocol violation: {reply['t']!r:.30} frame in reply to {header['t']!r}")
-                raise ChannelError(f"the agent answered {header['t']!r} with a {reply['t']!r:.30} frame")
-            return reply
+            try:
+                return session_reply(reply, header["t"])
+            except ProtocolViolation as exc:
+                raise self._violated(exc) from None
         finally:
             self._unregister(p)
 
@@ -394,17 +389,9 @@ class Channel:
             header = {"t": "session.reset", "session": reset}
         reply = self.session_call(header, deadline)
         try:
-            info = parse_session_opened(reply)
+            return check_opened(reply, reset=reset, name=name)
         except ProtocolViolation as exc:
-            self.close(f"protocol violation: {exc}")
-            raise ChannelError(f"the agent broke the protocol: {exc}") from None
-        if reset is not None and info.session != reset:
-            self.close("protocol violation: the agent reset another session")
-            raise ChannelError("the agent broke the protocol: it reset another session")
-        if reset is None and info.name != name:
-            self.close("protocol violation: the agent opened a session of another name")
-            raise ChannelError("the agent broke the protocol: it opened a session of another name")
-        return info
+            raise self._violated(exc) from None
 
     def list_sessions(self, deadline: float | None) -> tuple[SessionInfo, ...]:
         """The agent's live Python sessions (capability ``session-names``)."""
@@ -412,8 +399,7 @@ class Channel:
         try:
             return parse_session_list(reply)
         except ProtocolViolation as exc:
-            self.close(f"protocol violation: {exc}")
-            raise ChannelError(f"the agent broke the protocol: {exc}") from None
+            raise self._violated(exc) from None
 
     def start_session_run(
         self, session: int, code: bytes, *, timeout: float | None, max_output: int
@@ -464,83 +450,47 @@ class Channel:
                 if i % 8 == 7 and not p.q.empty():
                     break  # an early error: stop sending
             reply, _ = self._get(p, deadline, f"the write of {path!r}")
-            _raise_if_error(reply, path)
-            size = reply.get("size")
-            if not isinstance(size, int) or size != n:
-                raise ChannelError(f"the agent reported {size!r} bytes written for {path!r}, expected {n}")
+            check_written(reply, path, n)
             return n
         finally:
             self._unregister(p)
 
-    def _collect(
-        self,
-        header: dict[str, Any],
-        take: Callable[[bytes], None],
-        max_bytes: int,
-        deadline: float | None,
-        what: str,
-        path: str,
-    ) -> dict[str, Any]:
-        """Send a request answered by ``data`` frames and a ``done``; feed each body to ``take``.
+    def _collect(self, header: dict[str, Any], collected: Collected, deadline: float | None) -> Header:
+        """Send a request answered by ``data`` frames and a ``done``; ``collected`` judges each.
 
-        Returns the ``done`` header, with ``received`` (bytes in all) added.
-        More than ``max_bytes`` in all closes the channel: the agent is not trusted.
+        Returns the ``done`` header.  A violation (more than the request's bound) closes
+        the channel: the agent is not trusted.
         """
         p = self._register()
-        total = 0
         try:
             header["id"] = p.rid
             self.send(header)
             while True:
-                reply, body = self._get(p, deadline, what)
-                kind = reply["t"]
-                if kind == "data":
-                    total += len(body)
-                    if total > max_bytes:
-                        self.close(f"the agent sent more than allowed for {what}")
-                        raise ChannelError(f"the agent sent more than {max_bytes} bytes for {what}")
-                    take(body)
-                elif kind == "done":
-                    done = dict(reply)
-                    done["received"] = total
+                reply, body = self._get(p, deadline, collected.what)
+                try:
+                    done = collected.receive(reply, body)
+                except ProtocolViolation as exc:
+                    raise self._violated(exc) from None
+                if done is not None:
                     return done
-                else:
-                    _raise_if_error(reply, path)
-                    raise ChannelError(f"unexpected {kind!r:.30} frame for {what}")
         finally:
             self._unregister(p)
 
     def read_file(self, path: str, max_bytes: int, deadline: float | None) -> bytes:
         request = {"t": "read", "path": path, "max_bytes": max_bytes}
-        chunks: list[bytes] = []
-        done = self._collect(request, chunks.append, max_bytes, deadline, f"the contents of {path!r}", path)
-        if done.get("size") != done["received"]:
-            raise ChannelError(f"the agent's size for {path!r} does not match its data")
-        return b"".join(chunks)
+        collected = Collected(f"the contents of {path!r}", path, max_bytes)
+        self._collect(request, collected, deadline)
+        return b"".join(collected.chunks)
 
     def list_entries(
         self, path: str, recursive: bool, max_entries: int, deadline: float | None
     ) -> tuple[list[Any], bool]:
         """A directory listing: raw entries (validated by the caller) and whether it was cut."""
-        entries: list[Any] = []
-
-        def add(body: bytes) -> None:
-            try:
-                entries.extend(json.loads(line) for line in body.splitlines() if line)
-            except ValueError:
-                self.close("the agent sent a malformed listing")
-                raise ChannelError("the agent sent a malformed listing") from None
-            if len(entries) > max_entries:
-                self.close("the agent sent more entries than asked for")
-                raise ChannelError(f"the agent sent more than {max_entries} entries")
-
         request = {"t": "list", "path": path, "recursive": recursive, "max_entries": max_entries}
-        # An entry is a path (at most a few KiB) and four numbers.
-        what = f"the listing of {path or '.'!r}"
-        done = self._collect(request, add, max_entries * 8192, deadline, what, path)
-        if done.get("count") != len(entries) or not isinstance(done.get("truncated"), bool):
-            raise ChannelError("the agent's listing count does not match its entries")
-        return entries, bool(done["truncated"])
+        # The listing's byte bound follows from max_entries (protocol.Collected).
+        collected = Collected(f"the listing of {path or '.'!r}", path, 0, max_entries=max_entries)
+        done = self._collect(request, collected, deadline)
+        return collected.entries, bool(done["truncated"])
 
 
 #: The largest terminal dimension (the kernel's ``struct winsize`` holds 16 bits).
@@ -559,42 +509,14 @@ def _window(size: tuple[int, int]) -> tuple[int, int]:
     return rows, cols
 
 
-def _raise_if_error(header: Header, path: str | None) -> None:
-    if header["t"] != "error":
-        return
-    code, message = error_fields(header)
-    if code in ("protocol", "internal", "unknown", "invalid"):
-        raise ChannelError(f"the agent refused the request ({code}): {message}")
-    if code == "too_large":
-        raise FileTooLargeError(message, path=path)
-    raise FileAccessError(message, path=path, code=code)
-
-
-class SessionBusy(ChannelError):
-    """The agent refused a run: the session runs other code (sent on an earlier channel)."""
-
-
-def _session_error(header: Header) -> Exception:
-    code, message = error_fields(header)
-    # A closed table: the agent's code picks one of these, never a class.
-    if code in ("session_lost", "no_session", "spawn", "too_many_sessions"):
-        return SessionLostError(message)
-    if code == "busy":
-        return SessionBusy(f"the agent refused the run: {message}")
-    return ChannelError(f"the agent refused the session request ({code}): {message}")
-
-
 class ExecHandle:
     """A running command: its output events, stdin and cancellation."""
 
     def __init__(self, channel: Channel, pending: _Pending, max_output: int) -> None:
         self._channel = channel
         self._pending = pending
-        self._max = max_output
-        self._seen = 0
+        self._frames = ExecFrames(max_output)
         self._since = time.monotonic()
-        self.truncated = False
-        self.result: RawExit | None = None
         #: How results and events name the command (set by the caller).
         self.label = ""
 
@@ -602,45 +524,33 @@ class ExecHandle:
     def id(self) -> int:
         return self._pending.rid
 
+    @property
+    def result(self) -> RawExit | None:
+        return self._frames.result
+
+    @property
+    def truncated(self) -> bool:
+        return self._frames.truncated
+
     def next_event(self, deadline: float | None) -> tuple[int, bytes] | RawExit:
         """The next ``(fd, bytes)`` of output, or the :class:`RawExit` at the end."""
         while True:
             header, body = self._channel._get(
                 self._pending, deadline, "the command's result", stall=STALL_AFTER, since=self._since
             )
-            kind = header["t"]
-            if kind == "out":
-                fd = header.get("fd")
-                if fd not in (1, 2):
-                    raise self._violation("output frame with an invalid fd")
-                room = self._max - self._seen
-                if len(body) > room:
-                    self.truncated = True
-                    body = body[: max(room, 0)]
-                self._seen += len(body)
-                if body:
-                    return fd, body
-            elif kind == "exit":
-                try:
-                    raw = parse_exit(header)
-                except ProtocolViolation as exc:
-                    raise self._violation(str(exc)) from None
-                self.result = raw
-                self._channel._unregister(self._pending)
-                return raw
-            elif kind == "error":
-                self._channel._unregister(self._pending)
-                _raise_if_error(header, None)
-            else:
-                raise self._violation(f"unexpected {kind!r:.30} frame during a command")
+            try:
+                event = self._frames.receive(header, body)
+            except ProtocolViolation as exc:
+                raise self._channel._violated(exc) from None
+            finally:
+                if self._frames.ended:  # its outcome or an error reply: stop listening
+                    self._channel._unregister(self._pending)
+            if event is not None:
+                return event
 
     def events(self, deadline: float | None) -> Iterator[tuple[int, bytes] | RawExit]:
         while self.result is None:
             yield self.next_event(deadline)
-
-    def _violation(self, what: str) -> ChannelError:
-        self._channel.close(f"protocol violation: {what}")
-        return ChannelError(f"the agent broke the protocol: {what}")
 
     def write_stdin(self, data: bytes, eof: bool = False) -> None:
         for i in range(0, max(len(data), 1), WRITE_CHUNK):
@@ -678,32 +588,29 @@ class ExecHandle:
 class SessionRunHandle:
     """Code running in a Python session: its output, display items, values and outcome.
 
-    Every frame is checked: output and display data share the caller's
-    ``max_output`` budget (the rest is dropped and ``truncated`` set), display
-    items are reassembled from their pieces under that budget and at most
-    :data:`MAX_DISPLAY_ITEMS` of them are kept, and the result and error
-    texts are bounded by the protocol.
+    Every frame is judged by :class:`~.protocol.RunFrames`: output and display data
+    share the caller's ``max_output`` budget, display items are reassembled and
+    bounded, and the result and error texts are bounded by the protocol.
     """
 
     def __init__(self, channel: Channel, pending: _Pending, max_output: int, session: int) -> None:
         self._channel = channel
         self._pending = pending
-        self._max = max_output
+        self._frames = RunFrames(max_output)
         self.session = session
-        self._seen = 0
         self._since = time.monotonic()
-        self._items = 0
-        self._mime: str | None = None
-        self._parts: list[bytes] = []
-        self._part_bytes = 0
-        self._dropping = False
-        self._values: set[str] = set()
-        self.truncated = False
-        self.result: RawSessionRun | None = None
 
     @property
     def id(self) -> int:
         return self._pending.rid
+
+    @property
+    def result(self) -> RawSessionRun | None:
+        return self._frames.result
+
+    @property
+    def truncated(self) -> bool:
+        return self._frames.truncated
 
     def next_event(self, deadline: float | None) -> tuple[int, bytes] | RawDisplay | RawValue | RawSessionRun:
         """The next output ``(fd, bytes)``, display item or value; the :class:`RawSessionRun` last."""
@@ -711,70 +618,15 @@ class SessionRunHandle:
             header, body = self._channel._get(
                 self._pending, deadline, "the session's result", stall=STALL_AFTER, since=self._since
             )
-            kind = header["t"]
             try:
-                if kind == "out":
-                    fd = header.get("fd")
-                    if fd not in (1, 2):
-                        raise ProtocolViolation("output frame with an invalid fd")
-                    room = self._max - self._seen - self._part_bytes
-                    if len(body) > room:
-                        self.truncated = True
-                        body = body[: max(room, 0)]
-                    self._seen += len(body)
-                    if body:
-                        return fd, body
-                elif kind == "display":
-                    item = self._display(header, body)
-                    if item is not None:
-                        return item
-                elif kind == "value":
-                    value = parse_value(header, body)
-                    if value.name in self._values:
-                        raise ProtocolViolation(f"a second {value.name!r} value in one run")
-                    self._values.add(value.name)
-                    return value
-                elif kind == "ran":
-                    if self._mime is not None:
-                        raise ProtocolViolation("the run ended inside a display item")
-                    self.result = parse_session_ran(header)
-                    self._channel._unregister(self._pending)
-                    return self.result
-                elif kind == "error":
-                    self._channel._unregister(self._pending)
-                    raise _session_error(header)
-                else:
-                    raise ProtocolViolation(f"unexpected {kind!r:.30} frame during a session run")
+                event = self._frames.receive(header, body)
             except ProtocolViolation as exc:
-                self._channel.close(f"protocol violation: {exc}")
-                raise ChannelError(f"the agent broke the protocol: {exc}") from None
-
-    def _display(self, header: Header, body: bytes) -> RawDisplay | None:
-        mime, final = parse_display(header)
-        if self._mime is not None and mime != self._mime:
-            raise ProtocolViolation("a display item changed its MIME type midway")
-        self._mime = mime
-        if not self._dropping:
-            if self._items >= MAX_DISPLAY_ITEMS or self._seen + self._part_bytes + len(body) > self._max:
-                # Over budget: drop the whole item, never hand out part of an image.
-                self._dropping = True
-                self.truncated = True
-                self._parts = []
-                self._part_bytes = 0
-            else:
-                self._parts.append(body)
-                self._part_bytes += len(body)
-        if not final:
-            return None
-        item = None if self._dropping else RawDisplay(mime, b"".join(self._parts), header.get("main") is True)
-        if item is not None:
-            self._items += 1
-            self._seen += self._part_bytes
-        self._mime = None
-        self._parts = []
-        self._part_bytes = 0
-        self._dropping = False
-        return item
+                raise self._channel._violated(exc) from None
+            finally:
+                if self._frames.ended:  # its outcome or an error reply: stop listening
+                    self._channel._unregister(self._pending)
+            if event is not None:
+                return event
 
     def interrupt(self) -> None:
         """Interrupt the running code (KeyboardInterrupt); the outcome still arrives."""
