@@ -114,8 +114,10 @@ def decode_header(raw: bytes) -> Header:
     """Strictly decode a header: UTF-8, a JSON object, a string ``t``."""
     try:
         header = json.loads(raw.decode("utf-8", errors="strict"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise WireError(f"frame header is not valid UTF-8 JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # RecursionError: a header nested deeper than the parser's stack is not a ValueError,
+        # and left uncaught it would end the reader without marking the channel broken.
+        raise WireError(f"frame header is not valid UTF-8 JSON: {str(exc)[:200]}") from None
     if not isinstance(header, dict):
         raise WireError("frame header is not a JSON object")
     kind = header.get("t")

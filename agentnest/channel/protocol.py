@@ -286,7 +286,7 @@ class Collected:
                 return None
             try:
                 self.entries.extend(json.loads(line) for line in body.splitlines() if line)
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past the parser's stack: malformed too
                 raise _sent("a malformed listing", "a malformed listing") from None
             if len(self.entries) > self.max_entries:
                 raise _sent("more entries than asked for", f"more than {self.max_entries} entries")

@@ -582,3 +582,10 @@ def test_run_frames_an_error_reply_ends_the_run() -> None:
 def test_run_frames_other_frames_are_violations(kind: str) -> None:
     with pytest.raises(ProtocolViolation, match=f"unexpected '{kind}' frame during a session run"):
         RunFrames(100).receive({"t": kind, "id": 3}, b"")
+
+
+def test_a_listing_nested_past_the_parsers_stack_is_a_violation() -> None:
+    listed = Collected("the listing of '.'", ".", 10, max_entries=10)
+    with pytest.raises(ProtocolViolation) as caught:
+        listed.receive(*data(b"[" * 20_000 + b"]" * 20_000 + b"\n"))
+    assert caught.value.reason == "the agent sent a malformed listing"

@@ -196,3 +196,16 @@ def test_wire_error_is_not_swallowed_by_later_good_frames() -> None:
     dec.feed(raw_frame(b"[]") + encode({"t": "ok"}))
     with pytest.raises(WireError):
         dec.frames()
+
+
+def test_a_header_nested_past_the_parsers_stack_is_a_wire_error() -> None:
+    # json raises RecursionError (not a ValueError) here; uncaught it would end the
+    # channel's reader thread without marking the channel broken.
+    deep = b'{"t": "x", "a": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"  # 40 KB: under the bound
+    with pytest.raises(WireError, match="not valid UTF-8 JSON"):
+        wire.decode_header(deep)
+    assert len(deep) < MAX_HEADER_BYTES
+    decoder = Decoder()
+    decoder.feed(raw_frame(deep))
+    with pytest.raises(WireError, match="not valid UTF-8 JSON"):
+        decoder.frames()
