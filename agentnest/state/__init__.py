@@ -31,11 +31,11 @@ staging directory inside the workspace and swaps it in only when the host
 has checked the whole stream and says so, so a failed restore leaves the old
 files untouched.
 
-The package, by concern: :mod:`.rules` (the format's constants and the
-extraction rules, pure), :mod:`.archive` (the stream gate, reading and
-verifying archives and snapshot files), :mod:`.programs` (running the
-in-sandbox programs: :class:`~agentnest.state.programs._Program` is the one
-interface to them), :mod:`.snapshots` (snapshot, restore), :mod:`.forks`
+The package, by concern: :mod:`.rules` (the format's constants, the
+extraction rules and the stream gate's checks, pure), :mod:`.archive` (the
+gate's reader, parsing archives, reading snapshot files), :mod:`.programs`
+(running the in-sandbox programs: :class:`~agentnest.state.programs._Program`
+is the one interface to them), :mod:`.snapshots` (snapshot, restore), :mod:`.forks`
 (fork), :mod:`.paused` (resume from a checkpoint), :mod:`.spares` (warm
 spares) and :mod:`.transfer` (artifacts, download).  Each operation takes a
 :class:`~agentnest._core.SandboxCore` (never a face); a fork or a resume
@@ -79,7 +79,6 @@ from .rules import STAGING_PREFIX as STAGING_PREFIX
 from .rules import TRASH_PREFIX as TRASH_PREFIX
 from .rules import MiB as MiB
 from .rules import TarRules as TarRules
-from .rules import glob_to_regex as glob_to_regex
 from .rules import symlink_target_ok as symlink_target_ok
 from .snapshots import read_snapshot as read_snapshot
 from .snapshots import restore as restore
@@ -87,6 +86,7 @@ from .snapshots import snapshot as snapshot
 from .spares import SPARES as SPARES
 from .transfer import artifacts as artifacts
 from .transfer import download as download
+from .transfer import glob_to_regex as glob_to_regex
 
 __all__ = [
     "FORMAT_NAME",

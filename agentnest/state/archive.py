@@ -1,8 +1,10 @@
-"""Reading archives: the stream gate, tar parsing and verification, snapshot files.
+"""Reading archives: the stream gate's reader, tar parsing, snapshot files (the plumbing).
 
 Everything the host reads (a tar writer's output, a snapshot file) passes
-:class:`_Gate`, which hands on only bytes of members that :class:`TarRules`
-accepted.
+:class:`_Gate`, whose valve hands on only bytes of members that
+:class:`TarRules` accepted.  The checks themselves (the valve, the order of
+members, the end of the archive, the metadata member and the checksum) are
+pure and live in :mod:`.rules`; this module reads, parses, hashes and writes.
 """
 
 from __future__ import annotations
@@ -27,17 +29,13 @@ from typing import IO, Any, cast
 from ..config import SnapshotMetadata
 from ..errors import AgentNestError, SnapshotError
 from .rules import (
-    _HEX64,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    HOLD_LIMIT,
-    MAX_METADATA_BYTES,
     MAX_TRAILER_BYTES,
     METADATA_NAME,
     MiB,
     TarRules,
-    _is_count,
-    _refuse,
+    _Stream,
+    _stream_error,
+    _Valve,
 )
 
 _READ_CHUNK = MiB
@@ -52,11 +50,11 @@ _RECORD = tarfile.RECORDSIZE
 class _Gate:
     """The file object :mod:`tarfile` reads: it passes on only validated bytes.
 
-    Bytes the parser has read beyond the last validated member (the next
-    member's headers) are held back until that member is validated too, at
-    most :data:`HOLD_LIMIT` of them.  ``allow(offset)`` releases everything
-    below ``offset``; with ``drop=True`` it is discarded instead of passed on
-    (the metadata member of a snapshot).
+    It reads the source in chunks and hands every byte it consumes to its
+    :class:`~agentnest.state.rules._Valve`, which alone reaches ``sink`` and
+    decides what passes: bytes of members the rules accepted (``valve.allow``),
+    held headers up to :data:`~agentnest.state.rules.HOLD_LIMIT`, the trailer
+    to ``dropped`` only.
 
     It only seeks forward: tarfile's random-access mode (``r:``) skips a
     member's data with ``seek``, and the gate hands those bytes to the sink
@@ -70,17 +68,15 @@ class _Gate:
         dropped: Callable[[memoryview], object] | None = None,
     ) -> None:
         self._source = source
-        self._sink = sink
-        self._dropped = dropped
+        self.valve = _Valve(sink, dropped)
         self._chunk = b""
         self._off = 0
-        self._held = bytearray()
-        self.position = 0
-        """Bytes consumed from the source."""
-        self._base = 0
-        self._limit = 0
-        self._drop = False
         self.eof = False
+
+    @property
+    def position(self) -> int:
+        """Bytes consumed from the source."""
+        return self.valve.position
 
     def _take(self, n: int) -> memoryview | None:
         """Consume up to ``n`` bytes (one chunk at most); ``None`` at the end."""
@@ -95,17 +91,7 @@ class _Gate:
         end = min(len(self._chunk), self._off + n)
         view = memoryview(self._chunk)[self._off : end]
         self._off = end
-        self.position += len(view)
-        if not self._held and self.position <= self._limit:
-            self._base = self.position
-            self._pass(view)
-        else:
-            self._held += view
-            self._release()
-            if len(self._held) > HOLD_LIMIT:
-                raise _refuse(
-                    None, "header", f"more than {HOLD_LIMIT} bytes of headers before a member (refused)"
-                )
+        self.valve.feed(view)
         return view
 
     def read(self, size: int = -1) -> bytes:
@@ -131,51 +117,21 @@ class _Gate:
     def tell(self) -> int:
         return self.position
 
-    def allow(self, limit: int, *, drop: bool = False) -> None:
-        self._limit = limit
-        self._drop = drop
-        self._release()
-
-    def _release(self) -> None:
-        n = min(self._limit - self._base, len(self._held))
-        if n > 0:
-            data = bytes(self._held[:n])
-            del self._held[:n]
-            self._base += n
-            self._pass(memoryview(data))
-
-    def _pass(self, data: memoryview) -> None:
-        if not self._drop:
-            if self._sink is not None:
-                self._sink(data)
-        elif self._dropped is not None:
-            self._dropped(data)
-
     def rest(self, limit: int) -> bytes:
         """Everything not yet released (held, unread), up to ``limit`` + 1 bytes."""
-        out = bytearray(self._held)
-        out += memoryview(self._chunk)[self._off :]
-        self._held.clear()
-        self._chunk, self._off = b"", 0
-        while len(out) <= limit and not self.eof:
-            chunk = self._source()
-            if not chunk:
-                self.eof = True
-            out += chunk
-        data = bytes(out[: limit + 1])
-        if self._dropped is not None:
-            self._dropped(memoryview(data))
-        return data
 
+        def unread(held: bytearray) -> bytes:
+            out = bytearray(held)
+            out += memoryview(self._chunk)[self._off :]
+            self._chunk, self._off = b"", 0
+            while len(out) <= limit and not self.eof:
+                chunk = self._source()
+                if not chunk:
+                    self.eof = True
+                out += chunk
+            return bytes(out[: limit + 1])
 
-@dataclass
-class _Stream:
-    """What came through one archive stream."""
-
-    rules: TarRules
-    metadata: dict[str, Any] | None = None
-    payload: int = 0
-    """Bytes of the payload (everything before the metadata member)."""
+        return self.valve.trailer(unread)
 
 
 def _read_archive(
@@ -186,56 +142,31 @@ def _read_archive(
     on_member: Callable[[tarfile.TarFile, tarfile.TarInfo, list[str], str], None] | None = None,
     on_metadata: Callable[[], None] | None = None,
 ) -> _Stream:
-    """Parse and validate a tar stream through ``gate``.
+    """Parse a tar stream through ``gate``; :meth:`_Stream.admit` checks each member.
 
     ``snapshot_file`` streams (snapshot files) end with an end-of-archive
     marker, and their metadata member, if any, must be last (``on_metadata``
     runs when it starts: everything before it is the payload); other streams
     (from a tar writer in a sandbox) end right after their last member.
     """
-    result = _Stream(rules)
+    result = _Stream(rules, gate.valve, snapshot_file=snapshot_file, on_metadata=on_metadata)
     with _open_tar(gate) as tar:
-        last: str | None = None
         while True:
             try:
                 member = tar.next()
             except AgentNestError:
                 raise
             except (tarfile.TarError, EOFError, ValueError, OSError, zlib.error, struct.error) as exc:
-                raise _stream_error(exc, after=last) from None
+                raise _stream_error(exc, after=result.last) from None
             if member is None:
                 break
             cast(Any, tar).members = []  # stream mode would keep every member otherwise
-            if tar.pax_headers:
-                raise _refuse(member.name, "global_header", "global PAX headers are refused")
-            if result.metadata is not None:
-                raise _refuse(
-                    member.name, "metadata", f"a member follows {METADATA_NAME!r}, which must be last"
-                )
-            span = tar.offset - member.offset_data
-            if snapshot_file and member.name == METADATA_NAME:
-                result.payload = member.offset
-                if on_metadata is not None:
-                    on_metadata()
-                gate.allow(tar.offset, drop=True)
-                result.metadata = _read_metadata(tar, member)
-                continue
-            rel, kind = rules.check(member, span)
-            last = member.name
-            gate.allow(tar.offset)
-            if on_member is not None:
-                on_member(tar, member, rel, kind)
-        if snapshot_file:
-            _check_end(gate, result, last)
-            if result.metadata is None:
-                result.payload = gate.position  # a plain tar: all of it is payload
-        else:
-            extra = gate.rest(0)
-            if extra:
-                raise _refuse(
-                    None, "corrupt", f"the stream has bytes after member {last!r} that are not a member"
-                )
-            result.payload = gate.position
+            checked = result.admit(tar, member)
+            if checked is not None and on_member is not None:
+                on_member(tar, member, *checked)
+        result.end(gate.rest(MAX_TRAILER_BYTES if snapshot_file else 0))
+        if not snapshot_file or result.metadata is None:
+            result.payload = gate.position  # a plain tar or a writer's stream: all of it is payload
     return result
 
 
@@ -255,99 +186,22 @@ def _open_tar(gate: _Gate) -> Iterator[tarfile.TarFile]:
         yield tar
 
 
-def _stream_error(exc: BaseException, after: str | None = None) -> SnapshotError:
-    text = str(exc) or type(exc).__name__
-    where = f" in or after member {after!r}" if after else ""
-    if isinstance(exc, EOFError) or "unexpected end of data" in text or "truncated" in text.lower():
-        return _refuse(None, "truncated", f"the archive is truncated{where} ({text[:300]})")
-    return _refuse(None, "corrupt", f"the archive is corrupt{where} ({text[:300]})")
-
-
-def _check_end(gate: _Gate, result: _Stream, last: str | None) -> None:
-    trailer = gate.rest(MAX_TRAILER_BYTES)
-    if trailer.count(0) != len(trailer):
-        if len(trailer) < tarfile.BLOCKSIZE:
-            raise _refuse(None, "truncated", f"the archive is truncated after member {last!r}")
-        raise _refuse(None, "corrupt", f"the data after member {last!r} is not a valid tar header")
-    if len(trailer) > MAX_TRAILER_BYTES:
-        raise _refuse(None, "corrupt", f"more than {MAX_TRAILER_BYTES} bytes follow the end of the archive")
-    # A tar without the metadata member (a 0.3.0 snapshot, or `tar -cf x.tar
-    # workspace`) is accepted: every member is still checked, and a complete
-    # end-of-archive marker proves it is not truncated; only the checksum is missing.
-    if len(trailer) < 2 * tarfile.BLOCKSIZE:
-        raise _refuse(None, "truncated", "the archive is truncated: its end-of-archive marker is missing")
-
-
-def _read_metadata(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, Any]:
-    if not member.isreg() or member.sparse is not None or member.size > MAX_METADATA_BYTES:
-        raise _refuse(
-            METADATA_NAME, "metadata", f"must be a regular file of at most {MAX_METADATA_BYTES} bytes"
-        )
-    fileobj = tar.extractfile(member)
-    if fileobj is None:  # pragma: no cover - a regular member always has a file object
-        raise _refuse(METADATA_NAME, "metadata", "cannot read the metadata member")
-    try:
-        data = fileobj.read()
-    except (tarfile.TarError, OSError) as exc:
-        raise _stream_error(exc, after=METADATA_NAME) from None
-    if len(data) != member.size:
-        raise _refuse(METADATA_NAME, "truncated", "the metadata member is truncated")
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        raise _refuse(METADATA_NAME, "metadata", "the metadata member is not JSON") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise _refuse(METADATA_NAME, "metadata", f"not {FORMAT_NAME!r} metadata")
-    version = doc.get("version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise _refuse(METADATA_NAME, "metadata", "the metadata has no format version")
-    if version > FORMAT_VERSION:
-        raise _refuse(
-            METADATA_NAME,
-            "version",
-            f"snapshot format {version} is newer than this AgentNest reads ({FORMAT_VERSION}); "
-            "upgrade agentnest",
-        )
-    checks: dict[str, Callable[[Any], bool]] = {
-        "image": lambda v: isinstance(v, str) and 0 < len(v) <= 512 and not any(c.isspace() for c in v),
-        "created": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
-        "sha256": lambda v: isinstance(v, str) and bool(_HEX64.fullmatch(v)),
-        "size": _is_count,
-        "files": _is_count,
-        "entries": _is_count,
-        "sandbox_id": lambda v: isinstance(v, str) and len(v) <= 128,
-        "skipped": lambda v: isinstance(v, list) and len(v) <= 1000 and all(isinstance(s, str) for s in v),
-    }
-    for key, ok in checks.items():
-        if not ok(doc.get(key)):
-            raise _refuse(METADATA_NAME, "metadata", f"the metadata field {key!r} is missing or invalid")
-    return doc
-
-
 def _verify(result: _Stream, digest: str) -> dict[str, Any]:
-    """Check the metadata against the payload; a tar without metadata gets a stand-in."""
-    meta = result.metadata
+    """The metadata, checked against the payload (:meth:`_Stream.verify`); a tar without gets a stand-in."""
+    result.verify(digest)
+    if result.metadata is not None:
+        return result.metadata
     rules = result.rules
-    if meta is None:
-        return {
-            "image": "",
-            "created": 0.0,
-            "sha256": "",
-            "size": rules.size,
-            "files": rules.files,
-            "entries": rules.entries,
-            "sandbox_id": "",
-            "skipped": [],
-        }
-    if meta["sha256"] != digest:
-        raise _refuse(
-            None, "checksum", "the payload's SHA-256 does not match the metadata: the file was altered"
-        )
-    counted = {"files": rules.files, "entries": rules.entries, "size": rules.size}
-    for key, value in counted.items():
-        if meta[key] != value:
-            raise _refuse(None, "checksum", f"the metadata says {key}={meta[key]}, the archive has {value}")
-    return meta
+    return {
+        "image": "",
+        "created": 0.0,
+        "sha256": "",
+        "size": rules.size,
+        "files": rules.files,
+        "entries": rules.entries,
+        "sandbox_id": "",
+        "skipped": [],
+    }
 
 
 def _metadata_member(doc: dict[str, Any], offset: int) -> bytes:

@@ -23,7 +23,7 @@ from ..channel.client import ExecHandle
 from ..channel.protocol import RawExit
 from ..errors import AgentNestError, ChannelError, SnapshotError, UnsupportedCapabilityError
 from ..runtime.base import Capability
-from .archive import _Gate, _read_archive, _Stream
+from .archive import _Gate, _read_archive
 from .rules import (
     MAX_ENTRIES,
     MAX_NAME_BYTES,
@@ -31,6 +31,7 @@ from .rules import (
     MiB,
     TarRules,
     _refuse,
+    _Stream,
 )
 
 if TYPE_CHECKING:

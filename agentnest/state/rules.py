@@ -1,12 +1,14 @@
-"""The snapshot format's constants and the extraction rules: pure checks, no I/O.
+"""The snapshot format's constants, the extraction rules and the stream gate: pure checks, no I/O.
 
 The package docstring (:mod:`agentnest.state`) describes the format and the rules.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -45,6 +47,7 @@ TRASH_PREFIX = ".agentnest-old-"
 _RESERVED = (STAGING_PREFIX, TRASH_PREFIX)
 #: A SHA-256 digest in hex, as the metadata and the hasher give it.
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_Sink = Callable[[memoryview], object]
 
 
 # -- validation (pure) -------------------------------------------------------------------
@@ -77,6 +80,16 @@ def symlink_target_ok(link: list[str], target: str) -> bool:
     while up < len(parts) and parts[up] == "..":
         up += 1
     return ".." not in parts[up:] and up <= len(link) - 1
+
+
+def glob_parts(pattern: str) -> list[str]:
+    """A workspace glob's components (empty, overlong or ``..`` refused): a walk below stays inside."""
+    if not isinstance(pattern, str) or not pattern or "\x00" in pattern or len(pattern) > MAX_NAME_BYTES:
+        raise ConfigurationError("the pattern must be a non-empty string of at most 4096 characters")
+    parts = [p for p in pattern.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ConfigurationError(f"the pattern {pattern!r} climbs out of the workspace with '..'")
+    return parts or ["**"]
 
 
 @dataclass
@@ -220,65 +233,195 @@ class TarRules:
             )
 
 
-def glob_to_regex(pattern: str) -> tuple[str, str]:
-    """Translate a workspace glob into ``(literal base directory, regex)``.
+# -- the stream gate (pure) ----------------------------------------------------------------
 
-    ``*`` and ``?`` match within one path component, ``[...]`` is a class
-    (``[!...]`` negated), ``**`` matches any number of components (zero
-    included).  Dotfiles match like any other name.  The regex is meant for
-    ``re.fullmatch`` on workspace-relative paths.
 
-    Raises:
-        ConfigurationError: the pattern is empty, too long or climbs out with ``..``.
+class _Valve:
+    """The stream gate's decision: only the bytes of members the rules accepted pass on.
+
+    The gate (:class:`agentnest.state.archive._Gate`, the file object :mod:`tarfile`
+    reads) feeds it every byte it consumes, in order; only this class reaches ``sink``.
+    Bytes the parser has read beyond the last validated member (the next member's
+    headers) are held back until that member is validated too, at most :data:`HOLD_LIMIT`
+    of them.  ``allow(offset)`` releases everything below ``offset``; with ``drop=True``
+    it is discarded instead of passed on (the metadata member of a snapshot).
     """
-    if not isinstance(pattern, str) or not pattern or "\x00" in pattern or len(pattern) > MAX_NAME_BYTES:
-        raise ConfigurationError("the pattern must be a non-empty string of at most 4096 characters")
-    parts = [p for p in pattern.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise ConfigurationError(f"the pattern {pattern!r} climbs out of the workspace with '..'")
-    if not parts:
-        parts = ["**"]
-    base: list[str] = []
-    for part in parts[:-1]:
-        if any(c in part for c in "*?["):
-            break
-        base.append(part)
-    regex = ""
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if part == "**":
-            regex += ".*" if last else "(?:[^/]+/)*"
+
+    def __init__(self, sink: _Sink | None, dropped: _Sink | None) -> None:
+        self._sink = sink
+        self._dropped = dropped
+        self._held = bytearray()
+        self.position = 0
+        """Bytes consumed from the source."""
+        self._base = 0
+        self._limit = 0
+        self._drop = False
+
+    def feed(self, view: memoryview) -> None:
+        """The next bytes of the stream: passed on at once if allowed already, else held."""
+        self.position += len(view)
+        if not self._held and self.position <= self._limit:
+            self._base = self.position
+            self._pass(view)
         else:
-            regex += _glob_component(part) + ("" if last else "/")
-    return "/".join(base), regex
+            self._held += view
+            self._release()
+            if len(self._held) > HOLD_LIMIT:
+                raise _refuse(
+                    None, "header", f"more than {HOLD_LIMIT} bytes of headers before a member (refused)"
+                )
+
+    def allow(self, limit: int, *, drop: bool = False) -> None:
+        self._limit = limit
+        self._drop = drop
+        self._release()
+
+    def _release(self) -> None:
+        n = min(self._limit - self._base, len(self._held))
+        if n > 0:
+            data = bytes(self._held[:n])
+            del self._held[:n]
+            self._base += n
+            self._pass(memoryview(data))
+
+    def _pass(self, data: memoryview) -> None:
+        if not self._drop:
+            if self._sink is not None:
+                self._sink(data)
+        elif self._dropped is not None:
+            self._dropped(data)
+
+    def trailer(self, unread: Callable[[bytearray], bytes]) -> bytes:
+        """What follows the archive (held bytes, then ``unread`` adds the rest): to ``dropped`` only."""
+        data = unread(self._held)
+        self._held = bytearray()
+        if self._dropped is not None:
+            self._dropped(memoryview(data))
+        return data
 
 
-def _glob_component(part: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(part):
-        c = part[i]
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            j = part.find("]", i + 2)
-            if j < 0:
-                out.append(re.escape(c))
-            else:
-                body = part[i + 1 : j]
-                negate = body.startswith("!")
-                if negate:
-                    body = body[1:]
-                # Escape everything but ranges: no nested sets or set operations.
-                inner = "".join(ch if ch == "-" else re.escape(ch) for ch in body)
-                out.append(f"[^/{inner}]" if negate else f"[{inner}]")
-                i = j
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return "".join(out)
+@dataclass
+class _Stream:
+    """What came through one archive stream; the order of its members and its end, checked.
+
+    In a ``snapshot_file`` the metadata member, if any, is last (``on_metadata`` runs when it starts).
+    """
+
+    rules: TarRules
+    valve: _Valve
+    snapshot_file: bool = False
+    on_metadata: Callable[[], None] | None = None
+    metadata: dict[str, Any] | None = None
+    payload: int = 0
+    """Bytes of the payload (everything before the metadata member)."""
+    last: str | None = None
+    """The last member checked (the metadata member aside)."""
+
+    def admit(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[list[str], str] | None:
+        """Check ``member`` and release its bytes: its path and kind, ``None`` for the metadata member."""
+        if tar.pax_headers:
+            raise _refuse(member.name, "global_header", "global PAX headers are refused")
+        if self.metadata is not None:
+            raise _refuse(member.name, "metadata", f"a member follows {METADATA_NAME!r}, which must be last")
+        span = tar.offset - member.offset_data
+        if self.snapshot_file and member.name == METADATA_NAME:
+            self.payload = member.offset
+            if self.on_metadata is not None:
+                self.on_metadata()
+            self.valve.allow(tar.offset, drop=True)
+            self.metadata = _read_metadata(tar, member)
+            return None
+        checked = self.rules.check(member, span)
+        self.last = member.name
+        self.valve.allow(tar.offset)
+        return checked
+
+    def end(self, trailer: bytes) -> None:
+        """Check what follows the last member: a snapshot file's end marker, nothing after a writer's."""
+        last = self.last
+        if not self.snapshot_file:
+            if trailer:
+                raise _refuse(
+                    None, "corrupt", f"the stream has bytes after member {last!r} that are not a member"
+                )
+            return
+        if trailer.count(0) != len(trailer):
+            if len(trailer) < tarfile.BLOCKSIZE:
+                raise _refuse(None, "truncated", f"the archive is truncated after member {last!r}")
+            raise _refuse(None, "corrupt", f"the data after member {last!r} is not a valid tar header")
+        if len(trailer) > MAX_TRAILER_BYTES:
+            raise _refuse(
+                None, "corrupt", f"more than {MAX_TRAILER_BYTES} bytes follow the end of the archive"
+            )
+        # A tar without the metadata member (a 0.3.0 snapshot, or `tar -cf x.tar
+        # workspace`) is accepted: every member is still checked, and a complete
+        # end-of-archive marker proves it is not truncated; only the checksum is missing.
+        if len(trailer) < 2 * tarfile.BLOCKSIZE:
+            raise _refuse(None, "truncated", "the archive is truncated: its end-of-archive marker is missing")
+
+    def verify(self, digest: str) -> None:
+        """Check the metadata, if any, against the payload's SHA-256 and the counts of the rules."""
+        meta = self.metadata
+        if meta is None:
+            return
+        if meta["sha256"] != digest:
+            raise _refuse(
+                None, "checksum", "the payload's SHA-256 does not match the metadata: the file was altered"
+            )
+        counted = {"files": self.rules.files, "entries": self.rules.entries, "size": self.rules.size}
+        for key, value in counted.items():
+            if meta[key] != value:
+                raise _refuse(
+                    None, "checksum", f"the metadata says {key}={meta[key]}, the archive has {value}"
+                )
+
+
+def _stream_error(exc: BaseException, after: str | None = None) -> SnapshotError:
+    text = str(exc) or type(exc).__name__
+    where = f" in or after member {after!r}" if after else ""
+    if isinstance(exc, EOFError) or "unexpected end of data" in text or "truncated" in text.lower():
+        return _refuse(None, "truncated", f"the archive is truncated{where} ({text[:300]})")
+    return _refuse(None, "corrupt", f"the archive is corrupt{where} ({text[:300]})")
+
+
+def _read_metadata(tar: tarfile.TarFile, member: tarfile.TarInfo) -> dict[str, Any]:
+    if not member.isreg() or member.sparse is not None or member.size > MAX_METADATA_BYTES:
+        raise _refuse(
+            METADATA_NAME, "metadata", f"must be a regular file of at most {MAX_METADATA_BYTES} bytes"
+        )
+    fileobj = tar.extractfile(member)
+    if fileobj is None:  # pragma: no cover - a regular member always has a file object
+        raise _refuse(METADATA_NAME, "metadata", "cannot read the metadata member")
+    try:
+        data = fileobj.read()
+    except (tarfile.TarError, OSError) as exc:
+        raise _stream_error(exc, after=METADATA_NAME) from None
+    if len(data) != member.size:
+        raise _refuse(METADATA_NAME, "truncated", "the metadata member is truncated")
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise _refuse(METADATA_NAME, "metadata", "the metadata member is not JSON") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        raise _refuse(METADATA_NAME, "metadata", f"not {FORMAT_NAME!r} metadata")
+    version = doc.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise _refuse(METADATA_NAME, "metadata", "the metadata has no format version")
+    if version > FORMAT_VERSION:
+        newer = f"snapshot format {version} is newer than this AgentNest reads ({FORMAT_VERSION}); "
+        raise _refuse(METADATA_NAME, "version", newer + "upgrade agentnest")
+    checks: dict[str, Callable[[Any], bool]] = {
+        "image": lambda v: isinstance(v, str) and 0 < len(v) <= 512 and not any(c.isspace() for c in v),
+        "created": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+        "sha256": lambda v: isinstance(v, str) and bool(_HEX64.fullmatch(v)),
+        **dict.fromkeys(("size", "files", "entries"), _is_count),
+        "sandbox_id": lambda v: isinstance(v, str) and len(v) <= 128,
+        "skipped": lambda v: isinstance(v, list) and len(v) <= 1000 and all(isinstance(s, str) for s in v),
+    }
+    for key, ok in checks.items():
+        if not ok(doc.get(key)):
+            raise _refuse(METADATA_NAME, "metadata", f"the metadata field {key!r} is missing or invalid")
+    return doc
 
 
 def _is_count(value: Any) -> bool:

@@ -30,7 +30,7 @@ from .rules import (
     _is_count,
     _nbytes,
     _refuse,
-    glob_to_regex,
+    glob_parts,
 )
 
 if TYPE_CHECKING:
@@ -48,6 +48,64 @@ def artifacts(sandbox: SandboxCore, pattern: str = "**/*") -> tuple[Artifact, ..
     sandbox.link()
     sandbox.guard.approve("file.list", {"pattern": pattern})
     return tuple(_artifacts(sandbox, base, regex, pattern))
+
+
+def glob_to_regex(pattern: str) -> tuple[str, str]:
+    """Translate a workspace glob into ``(literal base directory, regex)``.
+
+    ``*`` and ``?`` match within one path component, ``[...]`` is a class
+    (``[!...]`` negated), ``**`` matches any number of components (zero
+    included).  Dotfiles match like any other name.  The regex is meant for
+    ``re.fullmatch`` on workspace-relative paths.
+
+    The checks (empty, overlong, ``..``) are :func:`~agentnest.state.rules.glob_parts`'s:
+    the base directory is a prefix of the parts it returns, so the walk stays inside.
+
+    Raises:
+        ConfigurationError: the pattern is empty, too long or climbs out with ``..``.
+    """
+    parts = glob_parts(pattern)
+    base: list[str] = []
+    for part in parts[:-1]:
+        if any(c in part for c in "*?["):
+            break
+        base.append(part)
+    regex = ""
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if part == "**":
+            regex += ".*" if last else "(?:[^/]+/)*"
+        else:
+            regex += _glob_component(part) + ("" if last else "/")
+    return "/".join(base), regex
+
+
+def _glob_component(part: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(part):
+        c = part[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = part.find("]", i + 2)
+            if j < 0:
+                out.append(re.escape(c))
+            else:
+                body = part[i + 1 : j]
+                negate = body.startswith("!")
+                if negate:
+                    body = body[1:]
+                # Escape everything but ranges: no nested sets or set operations.
+                inner = "".join(ch if ch == "-" else re.escape(ch) for ch in body)
+                out.append(f"[^/{inner}]" if negate else f"[{inner}]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
 
 
 def _artifacts(sandbox: SandboxCore, base: str, regex: str, pattern: str) -> Iterator[Artifact]:
