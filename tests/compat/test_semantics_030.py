@@ -27,7 +27,7 @@ from agentnest import (
 )
 from agentnest.errors import AgentNestError, ConfigurationError
 from agentnest.events import JsonLogObserver
-from agentnest.runtime.docker import seccomp
+from agentnest.runtime.docker import hardening
 
 BACKENDS = [
     pytest.param("docker", marks=pytest.mark.docker, id="runc"),
@@ -197,7 +197,7 @@ def test_rootless_and_apparmor_are_refused_when_the_engine_cannot_honour_them(do
 
 @pytest.mark.docker
 def test_a_policy_seccomp_profile_replaces_ours(tmp_path: Path) -> None:
-    doc = json.loads(seccomp.profile_json("x86_64" if os.uname().machine == "x86_64" else "aarch64"))
+    doc = json.loads(hardening.profile_json("x86_64" if os.uname().machine == "x86_64" else "aarch64"))
     # Ours allows by default and refuses a list; this one refuses mkdir as well.
     doc["syscalls"].append({"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1})
     profile = tmp_path / "no-mkdir.json"

@@ -19,7 +19,7 @@ import pytest
 
 from agentnest import Sandbox, Secret
 from agentnest.runtime.base import Capability
-from agentnest.runtime.docker import seccomp
+from agentnest.runtime.docker import hardening
 
 from .helpers import OCI_RUNTIME, SANDBOX_UID, container_of, need_storage_pool, owner_label, xfail_on
 
@@ -435,7 +435,7 @@ def test_host_config_is_hardened(inspected: dict[str, Any], backend_name: str) -
     (profile_opt,) = [o for o in options if o.startswith("seccomp=")]
     profile = json.loads(profile_opt.removeprefix("seccomp="))
     gvisor = backend_name == "gvisor"
-    assert profile in (seccomp.profile("x86_64", gvisor), seccomp.profile("aarch64", gvisor))
+    assert profile in (hardening.profile("x86_64", gvisor), hardening.profile("aarch64", gvisor))
     denied = {
         name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ERRNO" for name in rule["names"]
     }

@@ -2,8 +2,12 @@
 
 Golden files live in ``tests/unit/golden/docker/``: each is exactly what
 :func:`agentnest.runtime.docker.hardening.container` hands docker-py for one
-representative sandbox.  After an intended change, regenerate them and review
-the diff::
+representative sandbox, and, for an allowlist, what
+:func:`~agentnest.runtime.docker.hardening.proxy_container`,
+:func:`~agentnest.runtime.docker.hardening.proxy_config` and
+:func:`~agentnest.runtime.docker.hardening.egress_network` hand it for the proxy
+and the sandbox's internal network.  After an intended change, regenerate them
+and review the diff::
 
     AGENTNEST_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_docker_hardening.py
 
@@ -17,19 +21,21 @@ tests/integration/test_defaults.py and tests/escapes/test_kernel.py).
 from __future__ import annotations
 
 import ast
+import ipaddress
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
 from agentnest.config import ResourceLimits, SandboxConfig
 from agentnest.errors import UnsupportedCapabilityError
 from agentnest.policy import NetworkPolicy
 from agentnest.runtime import bootstrap
-from agentnest.runtime.docker import DockerBackend, DockerSpec, hardening, seccomp
+from agentnest.runtime.docker import DockerBackend, DockerSpec, egress, hardening
 from agentnest.runtime.docker.gpus import GPURequest
 from agentnest.runtime.docker.hardening import EgressNetwork, WorkspaceBind
 from agentnest.secrets import Secret
@@ -142,9 +148,60 @@ SCENARIOS: dict[str, Callable[[], hardening.ContainerPlan]] = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+# -- the egress proxy and the sandbox's internal network ------------------------------------
+
+PROXY_COMMAND = ["python3", "-I", "-S", "-c", "<proxy loader>", "<proxy config JSON>"]
+NETWORK = f"agentnest-{SANDBOX}-net"
+SUBNET = "198.18.0.8/29"
+PROXY_LABELS = {**LABELS, "agentnest.role": "proxy"}
+
+
+def _proxy_plan() -> hardening.ContainerPlan:
+    return hardening.proxy_container(
+        name=f"agentnest-{SANDBOX}-proxy",
+        image="python:3.12-slim",
+        command=PROXY_COMMAND,
+        labels=PROXY_LABELS,
+        network=NETWORK,
+        proxy_ip="198.18.0.10",
+        oci_runtime="runc",
+        arch="x86_64",
+    )
+
+
+def _proxy_config() -> dict[str, Any]:
+    policy = NetworkPolicy.allowlist(["pypi.org"], cidrs=["10.1.2.0/24"], ports=[443, 8443])
+    hosts = {"files.example": "10.1.2.3"}
+    return hardening.proxy_config(
+        policy, proxy_ip="198.18.0.10", subnet=SUBNET, hosts=hosts, deadline=1800000300.0
+    )
+
+
+def _egress_proxy() -> dict[str, Any]:
+    document = _proxy_plan().as_json()
+    # The profile is AgentNest's own (checked below); the file shows a stand-in.
+    opts = document["host_config"]["security_opt"]
+    document["host_config"]["security_opt"] = [
+        f"seccomp={SECCOMP}" if o.startswith("seccomp=") else o for o in opts
+    ]
+    return {**document, "proxy_config": _proxy_config()}
+
+
+def _egress_network() -> dict[str, Any]:
+    labels = {**LABELS, "agentnest.role": "egress-network"}
+    return {"create_network": hardening.egress_network(SUBNET, "198.18.0.9", labels)}
+
+
+DOCUMENTS: dict[str, Callable[[], dict[str, Any]]] = {
+    **{name: (lambda scenario=scenario: scenario().as_json()) for name, scenario in SCENARIOS.items()},
+    "egress-proxy": _egress_proxy,
+    "egress-network": _egress_network,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTS))
 def test_golden(name: str) -> None:
-    document = SCENARIOS[name]().as_json()
+    document = DOCUMENTS[name]()
     path = GOLDEN / f"{name}.json"
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +215,7 @@ def test_golden(name: str) -> None:
 
 
 def test_no_golden_file_is_left_without_a_scenario() -> None:
-    assert sorted(p.stem for p in GOLDEN.glob("*.json")) == sorted(SCENARIOS)
+    assert sorted(p.stem for p in GOLDEN.glob("*.json")) == sorted(DOCUMENTS)
 
 
 # -- what every scenario keeps ----------------------------------------------------------------------
@@ -222,6 +279,129 @@ def test_gvisor_gets_headroom_and_per_process_rlimits() -> None:
     assert [u["Name"] for u in _runc().host_config["ulimits"]] == ["core", "nofile"]
     # No address-space limit for a browser (Chromium reserves tens of GiB) or GPUs (CUDA).
     assert "as" not in [u["Name"] for u in _writable_root().host_config["ulimits"]]
+
+
+def test_the_proxy_is_hardened_like_a_sandbox_and_reaches_only_its_two_networks() -> None:
+    plan = _proxy_plan()
+    host, create = plan.host_config, plan.create
+    assert host["cap_drop"] == ["ALL"] and host["read_only"] is True
+    # AgentNest's own profile (never a policy's), as for a runc sandbox.
+    assert host["security_opt"] == ["no-new-privileges:true", f"seccomp={hardening.profile_json('x86_64')}"]
+    assert host["memswap_limit"] == host["mem_limit"] and host["pids_limit"] > 0
+    assert host["sysctls"] == {"net.ipv4.ip_forward": "0"}  # never routes the sandbox's packets
+    assert host["log_config"] == {"Type": "none", "Config": {}}
+    assert "noexec" in host["tmpfs"]["/tmp"] and "size=" in host["tmpfs"]["/tmp"]
+    assert host["network_mode"] == NETWORK and "port_bindings" not in host and "ports" not in create
+    assert create["networking_config"] == {
+        "EndpointsConfig": {NETWORK: {"IPAMConfig": {"IPv4Address": "198.18.0.10"}}}
+    }
+    assert create["user"] == "65532:65532" and create["use_config_proxy"] is False
+
+
+def test_the_proxy_serves_only_the_sandbox_and_always_states_the_matching() -> None:
+    config = _proxy_config()
+    assert config["listen"] == ["198.18.0.10", hardening.PROXY_PORT] and config["clients"] == [SUBNET]
+    off = hardening.proxy_config(
+        NetworkPolicy.allowlist(["a.test"], subdomains=False),
+        proxy_ip="x",
+        subnet=SUBNET,
+        hosts={},
+        deadline=1,
+    )
+    assert off["subdomains"] is False and config["subdomains"] is True
+
+
+def test_the_internal_network_has_no_route_out_and_no_host_address() -> None:
+    network = _egress_network()["create_network"]
+    assert network["internal"] is True and network["enable_ipv6"] is False
+    assert network["options"]["com.docker.network.bridge.inhibit_ipv4"] == "true"
+
+
+def test_the_engine_shapes_are_docker_pys() -> None:
+    """The plain dicts are what docker-py's own types make, so the engine receives the same JSON."""
+    ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=SUBNET, gateway="198.18.0.9")])
+    assert _egress_network()["create_network"]["ipam"] == ipam
+    api = docker.APIClient(base_url="unix:///nonexistent", version="1.41")
+    host = _proxy_plan().host_config
+    typed = {
+        **host,
+        "log_config": docker.types.LogConfig(type="none", config={}),
+        "ulimits": [
+            docker.types.Ulimit(name=u["Name"], soft=u["Soft"], hard=u["Hard"]) for u in host["ulimits"]
+        ],
+    }
+    assert api.create_host_config(**host) == api.create_host_config(**typed)
+    endpoint = docker.types.NetworkingConfig(
+        {NETWORK: api.create_endpoint_config(ipv4_address="198.18.0.10")}
+    )
+    assert _proxy_plan().create["networking_config"] == endpoint
+
+
+class RecordingEngine:
+    """docker-py's APIClient at the edge, for the egress topology."""
+
+    def __init__(self) -> None:
+        self.network: dict[str, Any] = {}
+        self.host_config: dict[str, Any] = {}
+        self.container: dict[str, Any] = {}
+
+    def create_network(self, name: str, **kwargs: Any) -> dict[str, str]:
+        self.network = {"name": name, **kwargs}
+        return {"Id": "n1"}
+
+    def create_host_config(self, **kwargs: Any) -> dict[str, Any]:
+        self.host_config = kwargs
+        return {"recorded": True}
+
+    def create_container(self, **kwargs: Any) -> dict[str, str]:
+        self.container = kwargs
+        raise Created
+
+
+def test_the_egress_topology_applies_the_builder() -> None:
+    api = RecordingEngine()
+    policy = NetworkPolicy.allowlist(["pypi.org"])
+    topology = egress.EgressTopology(
+        api,  # type: ignore[arg-type]  # the fake stands in for docker-py
+        sandbox_id=SANDBOX,
+        backend="docker",
+        created=1800000000.0,
+        deadline=1800000300.0,
+        policy=policy,
+        hosts={},
+        image="proxy-image",
+        python="python3",
+        oci_runtime="runc",
+        egress_network="bridge",
+        subnets=egress.DEFAULT_SUBNETS,
+        arch="x86_64",
+        extra_labels={},
+    )
+    topology.create_network()
+    subnet = topology.subnet
+    assert subnet is not None and subnet.subnet_of(ipaddress.IPv4Network(egress.DEFAULT_SUBNETS))
+    gateway = str(subnet.network_address + 1)
+    assert api.network == {
+        "name": topology.network_name,
+        **hardening.egress_network(str(subnet), gateway, topology.network_labels),
+    }
+    with pytest.raises(Created):
+        topology.start_proxy()
+    expected = hardening.proxy_container(
+        name=topology.proxy_name,
+        image="proxy-image",
+        command=egress.proxy_command("python3", topology.proxy_config()),
+        labels=topology.labels,
+        network=topology.network_name,
+        proxy_ip=topology.proxy_ip,
+        oci_runtime="runc",
+        arch="x86_64",
+    )
+    assert api.host_config == expected.host_config
+    assert {**api.container, "host_config": None} == {**expected.create, "host_config": None}
+    assert topology.proxy_config() == hardening.proxy_config(
+        policy, proxy_ip=topology.proxy_ip, subnet=str(subnet), hosts={}, deadline=1800000300.0
+    )
 
 
 # -- pure ---------------------------------------------------------------------------------------------
@@ -296,7 +476,7 @@ def test_the_backend_applies_the_builder(oci_runtime: str, monkeypatch: pytest.M
         labels={k: v for k, v in api.container["labels"].items() if k != "team"},
         oci_runtime=oci_runtime,
         gvisor=gvisor,
-        seccomp_profile=seccomp.profile_json("x86_64", gvisor=gvisor),
+        seccomp_profile=hardening.profile_json("x86_64", gvisor=gvisor),
     )
     assert api.host_config == expected.host_config
     assert {**api.container, "host_config": None} == {**expected.create, "host_config": None}

@@ -36,6 +36,7 @@ from ...channel.streams import ByteStream, DockerMuxStream
 from ...config import SandboxConfig
 from ...errors import (
     BackendError,
+    ConfigurationError,
     ImageNotFoundError,
     MissingDependencyError,
     RuntimeNotAvailableError,
@@ -44,7 +45,7 @@ from ...errors import (
 from ...policy import NetworkMode
 from .. import bootstrap, launch, mounts, storage
 from ..base import Capability, RuntimeBackend, SandboxHandle
-from . import checkpoint, egress, gpus, hardening, images, labels, seccomp
+from . import checkpoint, egress, gpus, hardening, images, labels
 from .engine import Background, engine_client, map_docker_errors, missing_image_hint, raw_socket
 from .freeze import Freezer
 from .hardening import REATTACH_SOCKET
@@ -374,7 +375,8 @@ class DockerBackend(RuntimeBackend):
     def _check_confinement(self, config: SandboxConfig) -> None:
         """Refuse, before anything exists, what this engine cannot honour (see hardening)."""
         hardening.check_confinement(config, self.engine_info().get("SecurityOptions") or ())
-        seccomp.custom_profile(config)  # unreadable or malformed: refused now, not by the engine
+        # Unreadable or malformed: refused now, not by the engine.
+        hardening.custom_profile(config, _read_profile)
 
     def _start_egress(
         self, config: SandboxConfig, sandbox_id: str, created: float, deadline: float
@@ -470,7 +472,8 @@ class DockerBackend(RuntimeBackend):
             oci_runtime=oci_runtime,
             gvisor=self._is_gvisor(),
             seccomp_profile=(
-                seccomp.custom_profile(config) or seccomp.profile_json(self._arch(), gvisor=self._is_gvisor())
+                hardening.custom_profile(config, _read_profile)
+                or hardening.profile_json(self._arch(), gvisor=self._is_gvisor())
             ),
             workspace=workspace,
             egress=(
@@ -740,6 +743,17 @@ def _explain_start_failure(image: str, python: str) -> Iterator[None]:
                 f"Engine said: {text[-300:]}"
             ) from None
         raise
+
+
+def _read_profile(path: str) -> str:
+    """A policy's seccomp profile named by a path on this host (``hardening.custom_profile`` checks it)."""
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(
+            f"seccomp_profile {path!r} cannot be read ({exc.strerror}); give a path to a "
+            "seccomp JSON file or the JSON itself"
+        ) from None
 
 
 def _remove_workspace(info: dict[str, Any]) -> None:

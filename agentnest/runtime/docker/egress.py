@@ -1,4 +1,4 @@
-"""The egress allowlist on Docker: one filtering proxy and one internal network per sandbox.
+"""The egress allowlist on Docker: one filtering proxy and one internal network per sandbox (plumbing).
 
 Topology (docs/egress.md draws it)::
 
@@ -24,10 +24,14 @@ Topology (docs/egress.md draws it)::
   sandbox's deadline.  Its stdout carries one JSON event per connection,
   read here by a thread into an :class:`EgressLog`.
 
-The subnet is chosen here (a random ``/29`` in ``198.18.0.0/15``, the
-benchmarking range, retried on overlap) rather than by the engine, so that
-the proxy's address is known before either container exists and both can
-start at the same time.
+Every setting of the network and of the proxy container, and what the
+proxy enforces, is decided in :mod:`.hardening` (pure: :func:`~.hardening.egress_network`,
+:func:`~.hardening.proxy_container`, :func:`~.hardening.proxy_config`); this
+module creates, attaches, waits for and removes those objects, and reads the
+proxy's events.  The subnet is chosen here (a random ``/29`` in
+``198.18.0.0/15``, the benchmarking range, retried on overlap) rather than by
+the engine, so that the proxy's address is known before either container
+exists and both can start at the same time.
 """
 
 from __future__ import annotations
@@ -42,16 +46,14 @@ from typing import TYPE_CHECKING, Any
 from ...channel.streams import DockerMuxStream
 from ...errors import BackendError, ConfigurationError
 from ...policy import NetworkPolicy
-from ..bootstrap import DEADLINE_FILE
 from ..egresslog import MAX_LINE, EgressLog, proxy_command
-from . import labels, seccomp
+from . import hardening, labels
 from .engine import explain, map_docker_errors, raw_socket
+from .hardening import PROXY_PORT
 
 if TYPE_CHECKING:
     import docker
 
-#: The port the proxy listens on, on its internal-network address only.
-PROXY_PORT = 3128
 #: Where per-sandbox subnets are drawn from: RFC 2544's benchmarking range,
 #: which real networks rarely use and the proxy refuses as a destination.
 DEFAULT_SUBNETS = "198.18.0.0/15"
@@ -199,7 +201,6 @@ class EgressTopology:
     def create_network(self) -> None:
         """Create the sandbox's internal network on a free random /29."""
         import docker.errors
-        from docker.types import IPAMConfig, IPAMPool
 
         pool = ipaddress.ip_network(self.subnets)
         if not isinstance(pool, ipaddress.IPv4Network) or pool.prefixlen > _PREFIX:
@@ -211,25 +212,8 @@ class EgressTopology:
             gateway = str(subnet.network_address + 1)
             try:
                 with map_docker_errors("creating the sandbox's egress network"):
-                    created = self.api.create_network(
-                        self.network_name,
-                        driver="bridge",
-                        # No route out: the engine drops forwarding to and from it.
-                        internal=True,
-                        options={
-                            # No IPv4 address on the host's side of the bridge, so
-                            # the host (its services on 0.0.0.0 included) is
-                            # unreachable: an internal network alone leaves the
-                            # gateway address, and through it the host, open.
-                            "com.docker.network.bridge.inhibit_ipv4": "true",
-                            # Only the proxy and this sandbox are on it anyway.
-                            "com.docker.network.bridge.enable_icc": "true",
-                        },
-                        ipam=IPAMConfig(pool_configs=[IPAMPool(subnet=str(subnet), gateway=gateway)]),
-                        enable_ipv6=False,
-                        labels=self.network_labels,
-                        check_duplicate=True,
-                    )
+                    settings = hardening.egress_network(str(subnet), gateway, self.network_labels)
+                    created = self.api.create_network(self.network_name, **settings)
             except BackendError as exc:
                 last_error = str(exc)
                 if "overlap" in last_error.lower():
@@ -248,71 +232,32 @@ class EgressTopology:
     # -- proxy -----------------------------------------------------------------------
 
     def proxy_config(self) -> dict[str, Any]:
+        """What the proxy enforces (:func:`.hardening.proxy_config`)."""
         assert self.subnet is not None
-        return {
-            "listen": [self.proxy_ip, PROXY_PORT],
-            # Only the sandbox may use it (the egress side must not).
-            "clients": [str(self.subnet)],
-            "domains": list(self.policy.domains),
-            "cidrs": list(self.policy.cidrs),
-            "ports": list(self.policy.ports),
-            # Always sent: the proxy's own default must never decide the matching.
-            "subdomains": self.policy.subdomains,
-            "hosts": self.hosts,
-            "deadline": self.deadline,
-            # Sandbox.extend() moves it: the same root-owned file as in the sandbox.
-            "deadline_file": DEADLINE_FILE,
-        }
+        return hardening.proxy_config(
+            self.policy,
+            proxy_ip=self.proxy_ip,
+            subnet=str(self.subnet),
+            hosts=self.hosts,
+            deadline=self.deadline,
+        )
 
     def start_proxy(self) -> None:
         """Create, attach to and start the proxy container (not waiting for it to listen)."""
-        import docker.types
-
         api = self.api
-        host_config = api.create_host_config(
-            mem_limit="128m",
-            memswap_limit="128m",
-            nano_cpus=1_000_000_000,
-            # asyncio's resolver threads and the interpreter: a few dozen.
-            pids_limit=64,
-            read_only=True,
-            # Only for the moved deadline (root writes it, the proxy reads it).
-            tmpfs={"/tmp": "rw,noexec,nosuid,nodev,mode=1777,size=64k"},
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges:true", f"seccomp={seccomp.profile_json(self.arch)}"],
-            network_mode=self.network_name,
-            # The proxy must never route the sandbox's packets itself.
-            sysctls={"net.ipv4.ip_forward": "0"},
-            init=False,
-            runtime=self.oci_runtime,
-            ipc_mode="private",
-            # Events travel over the attach stream; no log copies them.
-            log_config=docker.types.LogConfig(type="none", config={}),
-            ulimits=[
-                docker.types.Ulimit(name="core", soft=0, hard=0),
-                docker.types.Ulimit(name="nofile", soft=4096, hard=4096),
-            ],
-            oom_score_adj=500,
+        plan = hardening.proxy_container(
+            name=self.proxy_name,
+            image=self.image,
+            command=proxy_command(self.python, self.proxy_config()),
+            labels=self.labels,
+            network=self.network_name,
+            proxy_ip=self.proxy_ip,
+            oci_runtime=self.oci_runtime,
+            arch=self.arch,
         )
-        # types-docker says EndpointConfig; docker-py takes {network name: EndpointConfig}.
-        networking = docker.types.NetworkingConfig(
-            {self.network_name: api.create_endpoint_config(ipv4_address=self.proxy_ip)}  # type: ignore[arg-type]
-        )
+        host_config = api.create_host_config(**plan.host_config)
         with map_docker_errors("creating the egress proxy container", self.image):
-            cid = api.create_container(
-                self.image,
-                command=proxy_command(self.python, self.proxy_config()),
-                user="65532:65532",
-                environment={"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"},
-                labels=self.labels,
-                host_config=host_config,
-                networking_config=networking,
-                stdin_open=False,
-                tty=False,
-                use_config_proxy=False,
-                hostname="agentnest-proxy",
-                name=self.proxy_name,
-            )["Id"]
+            cid = api.create_container(**plan.create, host_config=host_config)["Id"]
         with self._lock:
             self.proxy_id = str(cid)
         with map_docker_errors("connecting the egress proxy to its egress network"):

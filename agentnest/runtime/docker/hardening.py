@@ -4,48 +4,62 @@ This module decides every setting of the sandbox container that confines it
 (user, read-only root, capabilities, ``no-new-privileges``, seccomp, rlimits,
 PID/memory/CPU ceilings, ``/tmp`` and ``/workspace`` mounts, network mode,
 DNS, log driver, labels) and which confinement settings an engine cannot
-honour.  It is pure: no I/O, and no engine library (no docker, socket,
-subprocess or threading import).  What it must know beyond the config is
-handed in as plain values: the OCI runtime, whether the backend is gVisor,
-the seccomp profile's JSON, the engine's ``SecurityOptions``, where a disk
-workspace lives on the host, the egress network's addresses, a GPU request.
+honour; the seccomp profile itself (:func:`profile`); and, for an allowlist,
+the sandbox's own internal network (:func:`egress_network`) and the filtering
+proxy's container and settings (:func:`proxy_container`, :func:`proxy_config`),
+which :mod:`.egress` creates.  It is pure: no I/O, and no engine library (no
+docker, socket, subprocess or threading import).  What it must know beyond the
+config is handed in as plain values: the OCI runtime, whether the backend is
+gVisor, the seccomp profile's JSON, the engine's ``SecurityOptions``, where a
+disk workspace lives on the host, the egress network's addresses, a GPU request.
 
 :mod:`.backend` gathers those facts, makes the workspace and the network, and
 applies the plan with docker-py (``create_host_config(**plan.host_config)``,
 ``create_container(**plan.create, host_config=...)``).  Every value here is
 already in the engine's own shape (``Ulimit``, ``Mount``, ``LogConfig``,
-``DeviceRequest`` and ``NetworkingConfig`` as the Engine API spells them), so
-the golden files in ``tests/unit/golden/docker/`` show a reviewer exactly
-what reaches the engine (tests/unit/test_docker_hardening.py); the real-engine
-tests (tests/integration/test_defaults.py, tests/escapes/) prove it holds.
+``DeviceRequest``, ``IPAMConfig`` and ``NetworkingConfig`` as the Engine API
+spells them), so the golden files in ``tests/unit/golden/docker/`` show a
+reviewer exactly what reaches the engine (tests/unit/test_docker_hardening.py);
+the real-engine tests (tests/integration/test_defaults.py, tests/escapes/,
+tests/integration/test_egress.py) prove it holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ...config import BROWSER_SHM, SandboxConfig
-from ...errors import UnsupportedCapabilityError
-from ...policy import NetworkMode
-from ..bootstrap import NOFILE
+from ...errors import ConfigurationError, UnsupportedCapabilityError
+from ...policy import NetworkMode, NetworkPolicy
+from ..bootstrap import DEADLINE_FILE, NOFILE
 
 if TYPE_CHECKING:
     from .gpus import GPURequest
 
 __all__ = [
     "CONTAINER_PATH",
+    "DENIED",
     "GVISOR_OVERHEAD",
+    "PROXY_PORT",
     "REATTACH_SOCKET",
     "ContainerPlan",
     "EgressNetwork",
     "WorkspaceBind",
     "check_confinement",
     "container",
+    "custom_profile",
+    "egress_network",
     "network_mode",
     "pids_ceiling",
+    "profile",
+    "profile_json",
+    "proxy_config",
+    "proxy_container",
     "security_opt",
     "ulimits",
 ]
@@ -145,7 +159,7 @@ def security_opt(config: SandboxConfig, seccomp_profile: str) -> list[str]:
     opts = [
         # No way to gain a privilege through setuid binaries or file capabilities.
         "no-new-privileges:true",
-        # AgentNest's profile (see .seccomp) or the policy's own: never the engine's default.
+        # AgentNest's profile (see profile below) or the policy's own: never the engine's default.
         f"seccomp={seccomp_profile}",
     ]
     if config.apparmor_profile is not None:
@@ -344,5 +358,252 @@ def container(
             if egress is not None
             else None
         ),
+    }
+    return ContainerPlan(create=create, host_config=host_config)
+
+
+# -- the seccomp profile ------------------------------------------------------------------------
+
+EPERM = 1
+ENOSYS = 38
+#: The address family of virtio/VMCI sockets between a VM and its host.
+AF_VSOCK = 40
+
+DENIED = (
+    # io_uring and userfaultfd
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd",
+    # namespaces
+    "unshare", "setns",
+    # kernel objects and cross-process access
+    "bpf", "perf_event_open", "keyctl", "add_key", "request_key", "ptrace", "process_vm_readv",
+    "process_vm_writev", "kcmp", "pidfd_getfd", "lookup_dcookie", "fanotify_init", "name_to_handle_at",
+    "open_by_handle_at",
+    # filesystems and mounts
+    "mount", "umount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsconfig",
+    "fsmount", "fspick", "mount_setattr", "quotactl", "quotactl_fd", "nfsservctl", "swapon", "swapoff",
+    # kernel modules, kexec, reboot
+    "init_module", "finit_module", "delete_module", "create_module", "kexec_load", "kexec_file_load",
+    "reboot",
+    # time and system state
+    "settimeofday", "clock_settime", "clock_settime64", "clock_adjtime", "clock_adjtime64", "adjtimex",
+    "stime", "syslog", "acct", "vhangup", "sethostname", "setdomainname",
+    # obsolete or dangerous
+    "uselib", "ustat", "sysfs", "_sysctl", "get_kernel_syms", "query_module", "vm86", "vm86old", "iopl",
+    "ioperm", "get_mempolicy", "set_mempolicy", "mbind", "move_pages",
+)  # fmt: skip
+
+# clone(2) flags that create namespaces.
+_NS_FLAGS = (
+    0x00020000,  # CLONE_NEWNS
+    0x02000000,  # CLONE_NEWCGROUP
+    0x04000000,  # CLONE_NEWUTS
+    0x08000000,  # CLONE_NEWIPC
+    0x10000000,  # CLONE_NEWUSER
+    0x20000000,  # CLONE_NEWPID
+    0x40000000,  # CLONE_NEWNET
+)
+
+_ARCHES = {
+    "x86_64": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+    "aarch64": ["SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"],
+}
+
+
+def profile(arch: str = "x86_64", gvisor: bool = False) -> dict[str, Any]:
+    """AgentNest's seccomp profile for one architecture; ``gvisor`` for sandboxes under runsc.
+
+    Capabilities are all dropped and ``no-new-privileges`` is set, so most
+    privileged system calls already fail.  This profile refuses, with EPERM, the
+    calls that need no capability and are a kernel attack surface or an escape
+    aid, including several that older engines' default profiles still allow:
+
+    * ``io_uring_*``: a large, frequently exploited kernel interface that also
+      bypasses seccomp filtering of the operations it performs;
+    * ``userfaultfd``: the classic tool to widen kernel race windows;
+    * ``unshare``/``setns`` and namespace flags on ``clone``: user namespaces
+      give back capabilities inside the new namespace, a recurring escape route;
+      ``clone3`` gets ENOSYS so that libc falls back to ``clone``, whose flags
+      seccomp can inspect;
+    * ``bpf``, ``perf_event_open``, ``keyctl``/``add_key``/``request_key``,
+      ``ptrace``, ``process_vm_*``, ``kcmp``, ``pidfd_getfd``: cross-process and
+      kernel-object access;
+    * ``socket(AF_VSOCK, ...)``: vsock is not network-namespaced, so on a
+      host that is itself a VM (Firecracker, QEMU, Hyper-V) it would reach the
+      hypervisor's side straight past ``network=none`` (Docker's default profile
+      refuses it too);
+    * everything Docker's default profile blocks (mount, module loading, kexec,
+      reboot, clock setting, swap, quotas, ``open_by_handle_at``, ...).
+
+    The profile allows by default and denies this list: the engine's runtime
+    (runc or gVisor) still applies its own restrictions underneath.
+
+    Under gVisor the ``clone3`` rule is left out: gVisor (``--oci-seccomp``)
+    answers a filtered call with EPERM whatever ``errnoRet`` says, and libc
+    falls back to ``clone`` only on ENOSYS, so every thread start would fail.
+    gVisor 20221219 does not implement ``clone3`` at all (ENOSYS from its own
+    kernel, tested), and namespaces made through it would be gVisor's own.
+    """
+    names = list(DENIED)
+    rules: list[dict[str, Any]] = [{"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}]
+    if not gvisor:
+        rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS})
+    rules += [
+        {
+            "names": ["socket"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": EPERM,
+            "args": [{"index": 0, "value": AF_VSOCK, "op": "SCMP_CMP_EQ"}],
+        },
+    ]
+    for flag in _NS_FLAGS:
+        rules.append(
+            {
+                "names": ["clone"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": EPERM,
+                # (flags & flag) == flag.  On s390 the flags are argument 1,
+                # but s390 is not a supported architecture here.
+                "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}],
+            }
+        )
+    return {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": _ARCHES.get(arch, _ARCHES["x86_64"]),
+        "syscalls": rules,
+    }
+
+
+@lru_cache(maxsize=4)
+def profile_json(arch: str = "x86_64", gvisor: bool = False) -> str:
+    return json.dumps(profile(arch, gvisor), separators=(",", ":"))
+
+
+def custom_profile(config: SandboxConfig, read_file: Callable[[str], str]) -> str | None:
+    """The policy's own seccomp profile as compact JSON, or None for AgentNest's.
+
+    ``read_file`` reads a path on this host (the backend's, which raises
+    :class:`ConfigurationError` for a file it cannot read): this module does no I/O.
+    """
+    given = config.seccomp_profile
+    if given is None:
+        return None
+    text = given
+    if not given.lstrip().startswith("{"):
+        # A path on this host, as `docker run --security-opt seccomp=FILE` reads it.
+        text = read_file(given)
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"seccomp_profile is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or "defaultAction" not in doc:
+        raise ConfigurationError(
+            "seccomp_profile must be a Docker seccomp profile (a JSON object with 'defaultAction')"
+        )
+    return json.dumps(doc, separators=(",", ":"))
+
+
+# -- the egress allowlist: the sandbox's internal network and its proxy -----------------------
+
+#: The port the proxy listens on, on its internal-network address only (nothing is published).
+PROXY_PORT = 3128
+
+
+def egress_network(subnet: str, gateway: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    """``create_network`` kwargs (the name aside) of a sandbox's own network: no route out, no host.
+
+    Only the sandbox and its proxy join it; the proxy alone also joins the egress network.
+    """
+    return {
+        "driver": "bridge",
+        # No route out: the engine drops forwarding to and from it.
+        "internal": True,
+        "options": {
+            # No IPv4 address on the host's side of the bridge, so
+            # the host (its services on 0.0.0.0 included) is
+            # unreachable: an internal network alone leaves the
+            # gateway address, and through it the host, open.
+            "com.docker.network.bridge.inhibit_ipv4": "true",
+            # Only the proxy and this sandbox are on it anyway.
+            "com.docker.network.bridge.enable_icc": "true",
+        },
+        "ipam": {
+            "Driver": "default",
+            "Config": [{"Subnet": subnet, "IPRange": None, "Gateway": gateway, "AuxiliaryAddresses": None}],
+        },
+        "enable_ipv6": False,
+        "labels": dict(labels),
+        "check_duplicate": True,
+    }
+
+
+def proxy_config(
+    policy: NetworkPolicy, *, proxy_ip: str, subnet: str, hosts: Mapping[str, str], deadline: float
+) -> dict[str, Any]:
+    """What the sandbox's proxy enforces (its command line carries it): the policy, for the sandbox only."""
+    return {
+        "listen": [proxy_ip, PROXY_PORT],
+        # Only the sandbox may use it (the egress side must not).
+        "clients": [subnet],
+        "domains": list(policy.domains),
+        "cidrs": list(policy.cidrs),
+        "ports": list(policy.ports),
+        # Always sent: the proxy's own default must never decide the matching.
+        "subdomains": policy.subdomains,
+        "hosts": dict(hosts),
+        "deadline": deadline,
+        # Sandbox.extend() moves it: the same root-owned file as in the sandbox.
+        "deadline_file": DEADLINE_FILE,
+    }
+
+
+def proxy_container(
+    *,
+    name: str,
+    image: str,
+    command: Sequence[str],
+    labels: Mapping[str, str],
+    network: str,
+    proxy_ip: str,
+    oci_runtime: str,
+    arch: str,
+) -> ContainerPlan:
+    """The egress proxy's container, hardened like a sandbox, at ``proxy_ip`` on the sandbox's ``network``.
+
+    :mod:`.egress` then connects it to the egress network, its second and last one.
+    """
+    host_config: dict[str, Any] = {
+        "mem_limit": "128m",
+        "memswap_limit": "128m",
+        "nano_cpus": 1_000_000_000,
+        # asyncio's resolver threads and the interpreter: a few dozen.
+        "pids_limit": 64,
+        "read_only": True,
+        # Only for the moved deadline (root writes it, the proxy reads it).
+        "tmpfs": {"/tmp": "rw,noexec,nosuid,nodev,mode=1777,size=64k"},
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true", f"seccomp={profile_json(arch)}"],
+        "network_mode": network,
+        # The proxy must never route the sandbox's packets itself.
+        "sysctls": {"net.ipv4.ip_forward": "0"},
+        "init": False,
+        "runtime": oci_runtime,
+        "ipc_mode": "private",
+        # Events travel over the attach stream; no log copies them.
+        "log_config": {"Type": "none", "Config": {}},
+        "ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}, {"Name": "nofile", "Soft": 4096, "Hard": 4096}],
+        "oom_score_adj": 500,
+    }
+    create: dict[str, Any] = {
+        "image": image,
+        "command": list(command),
+        "user": "65532:65532",
+        "environment": {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"},
+        "labels": dict(labels),
+        "networking_config": {"EndpointsConfig": {network: {"IPAMConfig": {"IPv4Address": proxy_ip}}}},
+        "stdin_open": False,
+        "tty": False,
+        "use_config_proxy": False,
+        "hostname": "agentnest-proxy",
+        "name": name,
     }
     return ContainerPlan(create=create, host_config=host_config)
