@@ -3,8 +3,8 @@
 The shell that applies the decisions of the pure modules beside it: the
 allowlist (:mod:`.rules`), the TLS ClientHello (:mod:`.hello`) and the HTTP
 request head (:mod:`.head`).  This module owns the sockets, the timeouts and
-the connection limit (asyncio: one task per client connection), the events
-on stdout, the deadline, and :func:`main`.
+the connection limit (asyncio: one task per client connection) and the events
+on stdout; :mod:`.serve` runs it as a program (config, startup, deadline).
 
 Stdlib only and Python 3.8 compatible: the backends ship this package as
 source into a hardened container (Docker) or Pod (Kubernetes) from the base
@@ -35,17 +35,9 @@ DNS answer that changes between check and use (rebinding) cannot redirect it.
 
 Every connection, allowed or refused, ends in one JSON line (an event) on
 stdout: ``type`` (``egress.allowed`` / ``egress.denied``), ``host``,
-``port``, ``address``, ``reason`` (a stable code, see :data:`REASONS`),
+``port``, ``address``, ``reason`` (a stable code, see :data:`.rules.REASONS`),
 ``detail``, ``method``, ``bytes_up``, ``bytes_down``, ``duration``, ``time``.
 An allowed connection's line comes when it closes, with its byte counts.
-
-Run as a program (the backends run it from the shipped bundle instead, with
-:func:`agentnest.runtime.egresslog.proxy_command`)::
-
-    python3 -m agentnest.egress.proxy '{"listen": ["198.18.0.2", 3128], "domains": ["*.example.com"], ...}'
-
-It prints ``{"type": "proxy.ready", ...}`` once it listens and exits at
-``deadline`` (epoch seconds), if given.
 """
 
 # The proxy runs on the image's Python (>= 3.8): keep typing.Dict & co and %-formatting.
@@ -56,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
-import signal
 import socket
 import sys
 import time
@@ -73,46 +64,11 @@ from .head import (
     split_authority,
     upstream_head,
 )
-from .hello import ClientHelloReader, HelloError, parse_client_hello
-from .rules import (
-    EVENT_ALLOWED,
-    EVENT_DENIED,
-    EVENT_READY,
-    REASONS,
-    IPAddress,
-    Rules,
-    address_category,
-    check_pattern,
-    match_host,
-    normalize_host,
-    parse_ip,
-)
+from .hello import ClientHelloReader, HelloError
+from .rules import EVENT_ALLOWED, EVENT_DENIED, EVENT_READY, IPAddress, Rules, normalize_host, parse_ip
 
-# The proxy, and (for the import paths that predate the split) what it applies from the pure modules.
-__all__ = [
-    "EVENT_ALLOWED",
-    "EVENT_DENIED",
-    "EVENT_READY",
-    "REASONS",
-    "HelloError",
-    "IPAddress",
-    "Limits",
-    "Proxy",
-    "Request",
-    "RequestError",
-    "Rules",
-    "address_category",
-    "check_pattern",
-    "main",
-    "match_host",
-    "normalize_host",
-    "parse_client_hello",
-    "parse_head",
-    "parse_ip",
-    "read_client_hello",
-    "read_deadline",
-    "split_authority",
-]
+# The proxy, and the names its importers take from here.
+__all__ = ["EVENT_READY", "Limits", "Proxy", "Rules", "parse_ip", "print_event", "read_client_hello"]
 
 
 class Limits:
@@ -139,17 +95,6 @@ class Limits:
         self.resolve_timeout = resolve_timeout
         self.idle_timeout = idle_timeout
         self.max_connections = max_connections
-
-    @classmethod
-    def from_config(cls, config: Dict[str, Any]) -> Limits:
-        limits = cls()
-        for key, value in (config.get("limits") or {}).items():
-            if not hasattr(limits, key) or isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError("unknown or invalid limit %r=%r" % (key, value))
-            if value <= 0:
-                raise ValueError("limit %r must be positive" % (key,))
-            setattr(limits, key, type(getattr(limits, key))(value))
-        return limits
 
 
 # -- TLS ClientHello -----------------------------------------------------------
@@ -206,7 +151,8 @@ class _Conn:
         }
 
 
-def _print_event(event: Dict[str, Any]) -> None:
+def print_event(event: Dict[str, Any]) -> None:
+    """Write ``event`` as one JSON line on stdout: the default sink of every decision."""
     # A blocking write: if the host stops reading, the proxy stalls rather
     # than serving connections that nobody records (fail closed).
     sys.stdout.write(json.dumps(event, separators=(",", ":")) + "\n")
@@ -233,7 +179,7 @@ class Proxy:
     ) -> None:
         self.rules = rules
         self.limits = limits or Limits()
-        self.emit = emit or _print_event
+        self.emit = emit or print_event
         self.clients = tuple(ipaddress.ip_network(c, strict=False) for c in clients)
         self.active = 0
         self._server: Optional[asyncio.AbstractServer] = None
@@ -588,101 +534,3 @@ class Proxy:
 
     def _finish(self, conn: _Conn) -> None:
         self.emit(conn.event(True, "allowed"))
-
-
-# -- program -------------------------------------------------------------------
-
-
-def read_deadline(path: str, follow: bool = False) -> Optional[float]:
-    """The deadline in ``path`` if it is a root-owned regular file, else None.
-
-    ``follow=False`` (Docker: the host writes the file into a directory the
-    container shares) refuses a symbolic link.  ``follow=True`` is for a
-    Kubernetes downwardAPI volume, whose files are links into the kubelet's
-    atomically swapped ``..data`` directory; the volume is read-only and
-    root-owned, and nothing but the proxy runs in its pod.
-    """
-    import os
-    import stat
-
-    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != 0 or not stat.S_ISREG(st.st_mode):
-            return None
-        value = float(os.read(fd, 64))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    return value if value == value and value not in (float("inf"), float("-inf")) else None
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the proxy from a JSON config (``argv[0]``) until its deadline."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        sys.stderr.write("usage: proxy.py CONFIG_JSON\n")
-        return 2
-    config = json.loads(args[0])
-    rules = Rules.from_config(config)
-    limits = Limits.from_config(config)
-    listen = config.get("listen") or ["127.0.0.1", 3128]
-    deadline = config.get("deadline")
-    deadline_file = config.get("deadline_file")
-    follow = bool(config.get("deadline_follow"))
-
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        stop = loop.create_future()
-
-        def done() -> None:
-            if not stop.done():
-                stop.set_result(None)
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, done)
-        timer = []  # type: List[asyncio.TimerHandle]
-
-        def expire() -> None:
-            # At the deadline, look once more: a moved deadline whose signal
-            # never came (Kubernetes sends none) is still honoured.
-            new = read_deadline(str(deadline_file), follow) if deadline_file else None
-            if new is not None and new > time.time():
-                arm(new)
-            else:
-                done()
-
-        def arm(when: float) -> None:
-            for handle in timer:
-                handle.cancel()
-            timer[:] = [loop.call_later(max(0.0, when - time.time()), expire)]
-
-        if deadline is not None:
-            # The proxy ends with its sandbox even if the host process died.
-            arm(float(deadline))
-
-        def moved() -> None:
-            # Sandbox.extend(): the host (as root) wrote a new deadline.  Only a
-            # root-owned regular file counts: this process (UID 65532) cannot forge one.
-            new = read_deadline(str(deadline_file), follow) if deadline_file else None
-            if new is not None:
-                arm(new)
-
-        loop.add_signal_handler(signal.SIGUSR1, moved)
-        proxy = Proxy(rules, limits, clients=config.get("clients") or ())
-        host, port = await proxy.start(str(listen[0]), int(listen[1]))
-        _print_event({"type": EVENT_READY, "listen": [host, port], "time": round(time.time(), 6)})
-        await stop
-        await proxy.close()
-
-    asyncio.run(run())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -34,7 +34,7 @@ LOG_SIZE = 1000
 MAX_LINE = 16 * 1024
 
 #: The proxy's modules, in load order (a module's relative imports come first).
-PROXY_MODULES = ("rules", "hello", "head", "proxy")
+PROXY_MODULES = ("rules", "hello", "head", "proxy", "serve")
 
 
 @lru_cache(maxsize=1)
@@ -52,7 +52,7 @@ def proxy_command(python: str, config: Mapping[str, Any]) -> list[str]:
     read-only.
     """
     config_json = json.dumps(config, separators=(",", ":"))
-    return program_command(python, "egress", proxy_source_blob(), "proxy", config_json)
+    return program_command(python, "egress", proxy_source_blob(), "serve", config_json)
 
 
 # -- events ------------------------------------------------------------------------

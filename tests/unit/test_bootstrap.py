@@ -118,7 +118,7 @@ def test_the_agent_and_the_proxy_share_one_loader() -> None:
     assert launch.RUN.startswith(bootstrap.UNPACK)
     argv = proxy_command("python3", {"listen": ["127.0.0.1", 0]})
     assert argv[:4] == ["python3", "-S", "-c", launch.RUN]
-    assert argv[4:6] == ["agentnest_egress", "proxy"]
+    assert argv[4:6] == ["agentnest_egress", "serve"]
     egress = Path(bootstrap.__file__).resolve().parent.parent / "egress"
     mods = json.loads(zlib.decompress(base64.b64decode(argv[6])))
     assert [name for name, _ in mods] == list(PROXY_MODULES)
@@ -131,10 +131,10 @@ def test_a_bundled_program_runs_without_agentnest_installed(tmp_path: Path) -> N
     """``program_command``: the package is defined in memory, its main's return is the exit code."""
     from agentnest.runtime.egresslog import proxy_source_blob
 
-    argv = launch.program_command(sys.executable, "egress", proxy_source_blob(), "proxy")
+    argv = launch.program_command(sys.executable, "egress", proxy_source_blob(), "serve")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
-    assert (done.returncode, done.stderr) == (2, "usage: proxy.py CONFIG_JSON\n")  # main() without a config
+    assert (done.returncode, done.stderr) == (2, "usage: serve.py CONFIG_JSON\n")  # main() without a config
     extra = subprocess.run([*argv, "{}", "extra"], cwd=tmp_path, env=env, capture_output=True, timeout=30)
     assert extra.returncode == 2
     bad = subprocess.run(
@@ -142,4 +142,4 @@ def test_a_bundled_program_runs_without_agentnest_installed(tmp_path: Path) -> N
     )
     assert bad.returncode == 1
     # Tracebacks name the shipped file, as the agent's do.
-    assert 'File "<agentnest-egress/proxy.py>"' in bad.stderr
+    assert 'File "<agentnest-egress/serve.py>"' in bad.stderr

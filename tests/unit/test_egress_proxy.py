@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 from agentnest.egress import proxy as px
+from agentnest.egress import serve
 from agentnest.egress.proxy import Limits, Proxy, Rules
 from agentnest.runtime.egresslog import PROXY_MODULES, proxy_command
 
@@ -935,7 +936,7 @@ def test_program_prints_ready_and_stops_at_its_deadline(servers: Servers, python
 
 
 def test_a_moved_deadline_counts_only_from_a_root_owned_regular_file(tmp_path: Path) -> None:
-    read_deadline = px.read_deadline
+    read_deadline = serve.read_deadline
     good = tmp_path / "deadline"
     good.write_text("1234567890.5")
     os.chown(good, 0, 0)

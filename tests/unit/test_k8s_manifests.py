@@ -27,7 +27,8 @@ import pytest
 import yaml
 
 from agentnest.config import MiB, ResourceLimits, SandboxConfig
-from agentnest.egress.proxy import Limits, Rules
+from agentnest.egress.rules import Rules
+from agentnest.egress.serve import limits_from_config
 from agentnest.errors import ConfigurationError
 from agentnest.policy import NetworkPolicy
 from agentnest.runtime.bootstrap import PODINFO_DEADLINE
@@ -485,7 +486,7 @@ def test_proxy_pod_is_hardened_and_runs_our_proxy() -> None:
     mounts = {v["mountPath"]: v["name"] for v in c["volumeMounts"]}
     assert mounts[str(PurePosixPath(PODINFO_DEADLINE).parent)] == "podinfo"
     Rules.from_config(proxy_config)
-    Limits.from_config(proxy_config)
+    limits_from_config(proxy_config)
     assert c["command"][:4] == ["python3", "-S", "-c", c["command"][3]]
     assert lint(proxy) == []
 
