@@ -700,7 +700,7 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def handle_create(args: argparse.Namespace) -> int:
-    from ..server.auth import parse_ceiling_options
+    from ..server.token_admin import parse_ceiling_options
 
     ceiling = parse_ceiling_options(
         backends=args.backend,

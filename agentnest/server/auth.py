@@ -14,6 +14,7 @@ running server without a restart.
 
 The ceiling itself is :class:`agentnest.policy.Ceiling`, the one ceiling of
 both servers (``serve`` and ``mcp``); it is importable from here as before.
+The tenants in the same file and the operator's helpers are in :mod:`.token_admin`.
 
 This module imports no web framework: the command line manages tokens
 without the ``server`` extra.
@@ -23,7 +24,6 @@ without the ``server`` extra.
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import hashlib
 import hmac
@@ -34,13 +34,14 @@ import secrets
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
 from ..policy import Ceiling
 from .tenants import DEFAULT_TENANT, Tenant, check_tenant_name
+from .token_admin import TenantRecords, default_token_file
 
 #: The prefix of every secret, so that leaked tokens are easy to find (secret scanners).
 PREFIX = "ant_"
@@ -48,15 +49,6 @@ _ID = re.compile(r"^[a-z0-9]{12}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _SECRET = re.compile(r"^ant_([a-z0-9]{12})_([A-Za-z0-9_-]{43})$")
 _FILE_VERSION = 1
-
-
-def default_token_file() -> Path:
-    """``$AGENTNEST_TOKEN_FILE``, else ``$XDG_CONFIG_HOME/agentnest/tokens.json``."""
-    explicit = os.environ.get("AGENTNEST_TOKEN_FILE")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join("~", ".config")
-    return Path(base).expanduser() / "agentnest" / "tokens.json"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,8 +109,8 @@ def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
-class TokenStore:
-    """The token file: create, list, revoke, authenticate.  Thread-safe.
+class TokenStore(TenantRecords):
+    """The token file: create, list, revoke, authenticate, and its tenants.  Thread-safe.
 
     Example::
 
@@ -259,67 +251,6 @@ class TokenStore:
             self._load()
             return self._tokens.get(token_id)
 
-    # -- tenants ---------------------------------------------------------------
-
-    def tenants(self) -> builtins.list[Tenant]:
-        """Every stored tenant, and ``default`` (built-in caps unless stored)."""
-        with self._lock:
-            self._load()
-            found = dict(self._tenants)
-        found.setdefault(DEFAULT_TENANT, Tenant(DEFAULT_TENANT))
-        return sorted(found.values(), key=lambda t: t.name)
-
-    def tenant(self, name: str) -> Tenant | None:
-        """The tenant called ``name`` (``default`` always exists), or None."""
-        with self._lock:
-            self._load()
-            found = self._tenants.get(name)
-        if found is None and name == DEFAULT_TENANT:
-            return Tenant(DEFAULT_TENANT)
-        return found
-
-    def create_tenant(self, tenant: Tenant) -> Tenant:
-        """Store a new tenant (``default`` may be stored once to change its caps)."""
-        if not isinstance(tenant, Tenant):
-            raise ConfigurationError("create_tenant needs a Tenant")
-        with self._lock:
-            self._load()
-            if tenant.name in self._tenants:
-                raise ConfigurationError(
-                    f"tenant {tenant.name!r} exists; change it with `agentnest serve tenant update`"
-                )
-            self._tenants[tenant.name] = tenant
-            self._save()
-        return tenant
-
-    def update_tenant(self, name: str, changes: Mapping[str, Any]) -> Tenant:
-        """Change some of a tenant's settings (a running server applies them at once)."""
-        with self._lock:
-            self._load()
-            current = self._tenants.get(name)
-            if current is None and name == DEFAULT_TENANT:
-                current = Tenant(DEFAULT_TENANT)
-            if current is None:
-                raise ConfigurationError(f"no tenant {name!r:.80}; `agentnest serve tenant list` shows them")
-            updated = current.updated(changes)
-            self._tenants[name] = updated
-            self._save()
-        return updated
-
-    def delete_tenant(self, name: str) -> Tenant:
-        """Remove a tenant that no token belongs to (``default`` returns to its built-in caps)."""
-        with self._lock:
-            self._load()
-            found = self._tenants.get(name)
-            if found is None:
-                raise ConfigurationError(f"no stored tenant {name!r:.80}")
-            users = sorted(t.name for t in self._tokens.values() if t.tenant == name)
-            if users and name != DEFAULT_TENANT:
-                raise ConfigurationError(f"tenant {name!r} still has tokens {users[:10]}; revoke them first")
-            del self._tenants[name]
-            self._save()
-        return found
-
     def authenticate(self, secret: str, now: float | None = None) -> Token:
         """The token whose secret this is.
 
@@ -338,37 +269,6 @@ class TokenStore:
         if token.expired(now):
             raise AuthError("the token expired; ask the operator for a new one")
         return token
-
-
-def parse_ceiling_options(
-    *,
-    backends: Iterable[str] = (),
-    images: Iterable[str] = (),
-    max_sandboxes: int | None = None,
-    max_memory: str | int | None = None,
-    max_cpus: float | None = None,
-    max_pids: int | None = None,
-    max_timeout: float | None = None,
-    network: Iterable[str] = (),
-    domains: Iterable[str] = (),
-    writable_root: bool = False,
-) -> Ceiling:
-    """A :class:`Ceiling` from command-line style options (None keeps the default)."""
-    fields: dict[str, Any] = {"backends": tuple(backends), "images": tuple(images)}
-    for name, value in (
-        ("max_sandboxes", max_sandboxes),
-        ("max_memory", max_memory),
-        ("max_cpus", max_cpus),
-        ("max_pids", max_pids),
-        ("max_timeout", max_timeout),
-    ):
-        if value is not None:
-            fields[name] = value
-    if network:
-        fields["network"] = tuple(network)
-    fields["domains"] = tuple(domains)
-    fields["writable_root"] = writable_root
-    return Ceiling(**fields)
 
 
 __all__ = ["PREFIX", "AuthError", "Ceiling", "Tenant", "Token", "TokenStore", "default_token_file"]
