@@ -309,3 +309,10 @@ def call_bounded(hook: ApprovalHook, request: ApprovalRequest, timeout: float) -
 
 async def _wait(awaitable: Any) -> Any:
     return await awaitable
+
+
+def close_awaitable(awaitable: Any) -> None:
+    """Close an awaitable that will never be awaited (a coroutine would warn when collected)."""
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()

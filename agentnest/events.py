@@ -139,6 +139,16 @@ Observer = Union[Callable[[SandboxEvent], Any], EventObserver]  # noqa: UP007 (a
 """Anything that takes events: a callable, or (as in 0.3.0) an :class:`EventObserver`."""
 
 
+def observer_callable(observer: Any) -> Callable[[SandboxEvent], Any]:
+    """The callable to hand events to: the observer, or its ``emit`` (0.3.0's protocol)."""
+    if callable(observer):
+        return observer  # type: ignore[no-any-return]
+    emit = getattr(observer, "emit", None)
+    if callable(emit):
+        return emit  # type: ignore[no-any-return]
+    raise ConfigurationError(f"observer {observer!r:.60} is neither callable nor has an emit(event) method")
+
+
 class MemoryObserver:
     """Keeps every event in memory (tests, short scripts)."""
 
@@ -416,5 +426,6 @@ __all__ = [
     "OpenTelemetryObserver",
     "SandboxEvent",
     "default_audit_path",
+    "observer_callable",
     "rotated_paths",
 ]

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from .approvals import ApprovalHook, ApprovalRequest, HookTimeout, call_bounded, command_line
+from .approvals import ApprovalHook, ApprovalRequest, HookTimeout, call_bounded, close_awaitable, command_line
 
-__all__ = ["ApprovalRequest", "Guard", "StreamDecoder", "scrub_errors", "workspace_medium"]
+__all__ = ["ApprovalRequest", "Guard", "StreamDecoder", "scrub_errors"]
 from .channel.protocol import RawExit
 from .config import ExecutionChunk, ExecutionResult, FileInfo, SandboxConfig
 from .errors import (
@@ -32,48 +32,12 @@ from .errors import (
     PolicyDeniedError,
     UnsupportedCapabilityError,
 )
-from .events import EventType, Observer, SandboxEvent
+from .events import EventType, Observer, SandboxEvent, observer_callable
 from .policy import NetworkMode, SecurityPolicy
 from .runtime.base import Capability
 from .secrets import Secret, StreamRedactor, expand, redact
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def workspace_medium(
-    workspace: str | None,
-    disk: int | str | None,
-    workspace_size: int | str | None,
-    capabilities: frozenset[Capability],
-) -> tuple[str, int | str | None]:
-    """Where the workspace lives, and its size, from ``Sandbox(workspace=, disk=, workspace_size=)``.
-
-    ``workspace=None`` picks the disk when the backend has a storage pool
-    (:attr:`Capability.DISK_WORKSPACE`) and memory otherwise; asking for the
-    disk where there is none is refused rather than quietly given memory.
-    """
-    if workspace not in (None, "disk", "memory"):
-        raise ConfigurationError(f"workspace={workspace!r} is not a workspace kind; use 'disk' or 'memory'")
-    if disk is not None and workspace_size is not None and disk != workspace_size:
-        raise ConfigurationError("disk= and workspace_size= both set the workspace's size; pass one of them")
-    if disk is not None and workspace == "memory":
-        raise ConfigurationError(
-            "disk= sizes a disk workspace, and workspace='memory' asks for a tmpfs; "
-            "use workspace_size= for the tmpfs, or drop workspace='memory'"
-        )
-    size = disk if disk is not None else workspace_size
-    has_disk = Capability.DISK_WORKSPACE in capabilities
-    if workspace == "disk" or disk is not None:
-        if not has_disk:
-            raise UnsupportedCapabilityError(
-                "this backend has no storage pool for a disk workspace (disk=/workspace='disk'); "
-                "make one as root with `agentnest setup` (the engine must run on this host), "
-                "or use workspace='memory'; no sandbox was created"
-            )
-        return "disk", size
-    if workspace == "memory":
-        return "memory", size
-    return ("disk" if has_disk else "memory"), size
 
 
 #: Longest single argument Linux accepts (MAX_ARG_STRLEN).
@@ -82,16 +46,6 @@ MAX_ARG = 128 * 1024
 
 #: Longest string kept in an event's data (commands, code, paths).
 MAX_EVENT_TEXT = 4096
-
-
-def _observer_call(observer: Any) -> Callable[[SandboxEvent], Any]:
-    """The callable to hand events to: the observer, or its ``emit`` (0.3.0's protocol)."""
-    if callable(observer):
-        return observer  # type: ignore[no-any-return]
-    emit = getattr(observer, "emit", None)
-    if callable(emit):
-        return emit  # type: ignore[no-any-return]
-    raise ConfigurationError(f"observer {observer!r:.60} is neither callable nor has an emit(event) method")
 
 
 class Guard:
@@ -106,7 +60,7 @@ class Guard:
     ) -> None:
         self.config = config
         self.policy = policy
-        self.observers = tuple(_observer_call(o) for o in observers)
+        self.observers = tuple(observer_callable(o) for o in observers)
         self.approval_hook = approval_hook
         if approval_hook is not None and not callable(approval_hook):
             raise ConfigurationError("approval_hook must be a callable taking an ApprovalRequest")
@@ -214,7 +168,7 @@ class Guard:
         except Exception as exc:
             return f"the approval hook raised {type(exc).__name__}: {exc}"
         if inspect.isawaitable(answer):  # an inline hook must not return one
-            _close(answer)
+            close_awaitable(answer)
             return "the approval hook returned an awaitable where an answer was expected"
         return None if answer else "the approval hook refused"
 
@@ -404,12 +358,6 @@ class StreamDecoder:
             if text:
                 out.append(ExecutionChunk("stdout" if fd == 1 else "stderr", text))
         return out
-
-
-def _close(awaitable: Any) -> None:
-    close = getattr(awaitable, "close", None)
-    if close is not None:
-        close()
 
 
 _C = TypeVar("_C", bound=type)

@@ -24,11 +24,10 @@ from typing import Any, TypeVar, overload
 from ._aliases import either
 from ._core import Command
 from .config import ExecutionResult, ResourceLimits, SandboxConfig
-from .errors import ConfigurationError, ExecutionError
-from .guard import workspace_medium
+from .errors import ConfigurationError, ExecutionError, UnsupportedCapabilityError
 from .policy import NetworkPolicy, SecurityPolicy
 from .profiles import profile_kwargs
-from .runtime.base import RuntimeBackend
+from .runtime.base import Capability, RuntimeBackend
 from .runtime.registry import get_backend
 from .secrets import Secret
 
@@ -86,6 +85,42 @@ def text(value: object, what: str) -> str:
 
 
 # -- creation ------------------------------------------------------------------------
+
+
+def workspace_medium(
+    workspace: str | None,
+    disk: int | str | None,
+    workspace_size: int | str | None,
+    capabilities: frozenset[Capability],
+) -> tuple[str, int | str | None]:
+    """Where the workspace lives, and its size, from ``Sandbox(workspace=, disk=, workspace_size=)``.
+
+    ``workspace=None`` picks the disk when the backend has a storage pool
+    (:attr:`Capability.DISK_WORKSPACE`) and memory otherwise; asking for the
+    disk where there is none is refused rather than quietly given memory.
+    """
+    if workspace not in (None, "disk", "memory"):
+        raise ConfigurationError(f"workspace={workspace!r} is not a workspace kind; use 'disk' or 'memory'")
+    if disk is not None and workspace_size is not None and disk != workspace_size:
+        raise ConfigurationError("disk= and workspace_size= both set the workspace's size; pass one of them")
+    if disk is not None and workspace == "memory":
+        raise ConfigurationError(
+            "disk= sizes a disk workspace, and workspace='memory' asks for a tmpfs; "
+            "use workspace_size= for the tmpfs, or drop workspace='memory'"
+        )
+    size = disk if disk is not None else workspace_size
+    has_disk = Capability.DISK_WORKSPACE in capabilities
+    if workspace == "disk" or disk is not None:
+        if not has_disk:
+            raise UnsupportedCapabilityError(
+                "this backend has no storage pool for a disk workspace (disk=/workspace='disk'); "
+                "make one as root with `agentnest setup` (the engine must run on this host), "
+                "or use workspace='memory'; no sandbox was created"
+            )
+        return "disk", size
+    if workspace == "memory":
+        return "memory", size
+    return ("disk" if has_disk else "memory"), size
 
 
 def sandbox_setup(

@@ -21,7 +21,7 @@ import pytest
 
 from agentnest.config import DEFAULT_DISK, MAX_DISK, ResourceLimits
 from agentnest.errors import AgentNestError, BackendError, ConfigurationError, UnsupportedCapabilityError
-from agentnest.guard import workspace_medium
+from agentnest.ops import workspace_medium
 from agentnest.runtime import storage
 from agentnest.runtime.base import Capability
 from agentnest.runtime.storage import ORPHAN_AGE, StoragePool, human_size, local_engine
