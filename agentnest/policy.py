@@ -500,23 +500,9 @@ class Ceiling:
             max_file_bytes=min(self.max_file_bytes, policy.max_file_bytes),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        for name in ("backends", "images", "network", "domains"):
-            data[name] = list(data[name])
-        return data
-
-    def describe(self) -> str:
-        """One line for ``token list``."""
-        return (
-            f"sandboxes<={self.max_sandboxes} memory<={format_size(self.max_memory)} "
-            f"cpus<={self.max_cpus:g} pids<={self.max_pids} lifetime<={self.max_timeout:g}s "
-            f"network={','.join(self.network)} backends={','.join(self.backends) or '(default)'} "
-            f"images={','.join(self.images) or '(default)'}"
-        )
-
     @classmethod
     def from_dict(cls, data: collections.abc.Mapping[str, Any]) -> Ceiling:
+        """A ceiling from its stored form (:func:`agentnest.server.token_admin.ceiling_to_dict`), checked."""
         if not isinstance(data, collections.abc.Mapping):
             raise ConfigurationError("a token's ceiling must be an object")
         known = {f.name for f in dataclasses.fields(cls)}

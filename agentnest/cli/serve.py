@@ -700,7 +700,7 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def handle_create(args: argparse.Namespace) -> int:
-    from ..server.token_admin import parse_ceiling_options
+    from ..server.token_admin import describe_ceiling, parse_ceiling_options
 
     ceiling = parse_ceiling_options(
         backends=args.backend,
@@ -727,7 +727,7 @@ def handle_create(args: argparse.Namespace) -> int:
         print(
             f"token {token.id} ({token.name}, tenant {token.tenant}{', admin' if token.admin else ''}) "
             f"stored hashed in {store.path}; the secret above is shown only now.  "
-            f"Ceiling: {ceiling.describe()}\n"
+            f"Ceiling: {describe_ceiling(ceiling)}\n"
             # Every E2B SDK takes this form (2.25 to 2.45 take no other); the secret works from 2.46.
             f"For E2B SDKs: E2B_API_KEY={e2b_key(secret)}",
             file=sys.stderr,
@@ -736,6 +736,8 @@ def handle_create(args: argparse.Namespace) -> int:
 
 
 def handle_list(args: argparse.Namespace) -> int:
+    from ..server.token_admin import describe_ceiling
+
     tokens = _store(args).list()
     if args.json:
         print(json.dumps([t.to_dict() for t in tokens], indent=1))
@@ -749,7 +751,9 @@ def handle_list(args: argparse.Namespace) -> int:
             expires = "EXPIRED"
         else:
             expires = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.expires))
-        rows.append([t.id, t.name, t.tenant + (" (admin)" if t.admin else ""), expires, t.ceiling.describe()])
+        rows.append(
+            [t.id, t.name, t.tenant + (" (admin)" if t.admin else ""), expires, describe_ceiling(t.ceiling)]
+        )
     print_table(["ID", "NAME", "TENANT", "EXPIRES", "CEILING"], rows)
     return 0
 

@@ -41,7 +41,7 @@ from typing import Any
 from ..errors import ConfigurationError
 from ..policy import Ceiling
 from .tenants import DEFAULT_TENANT, Tenant, check_tenant_name
-from .token_admin import TenantRecords, default_token_file
+from .token_admin import TenantRecords, ceiling_to_dict, default_token_file
 
 #: The prefix of every secret, so that leaked tokens are easy to find (secret scanners).
 PREFIX = "ant_"
@@ -76,7 +76,7 @@ class Token:
             "sha256": self.sha256,
             "created": self.created,
             "expires": self.expires,
-            "ceiling": self.ceiling.to_dict(),
+            "ceiling": ceiling_to_dict(self.ceiling),
             "tenant": self.tenant,
             "admin": self.admin,
         }

@@ -1,11 +1,12 @@
-"""The operator's side of the token file: where it lives, ceilings from options, tenant records.
+"""The operator's side of the token file: where it lives, ceilings as text, tenant records.
 
 :mod:`.auth` decides who a bearer credential is (digests, expiry,
 revocation) and owns the file (its lock, reading and atomic writing).  What
 is here only manages records around that: the default path of the file, a
 :class:`~agentnest.policy.Ceiling` built from command-line style options (the
-ceiling checks itself), and the tenants stored beside the tokens
-(:class:`TenantRecords`, part of :class:`~agentnest.server.auth.TokenStore`).
+ceiling checks itself), written out as data or one line (read back by
+``Ceiling.from_dict``, which checks it), and the tenants stored beside the
+tokens (:class:`TenantRecords`, part of :class:`~agentnest.server.auth.TokenStore`).
 A token whose tenant is gone is refused by the service, so no tenant
 operation here decides access.  Imports no web framework, as :mod:`.auth`.
 
@@ -14,6 +15,7 @@ operation here decides access.  Imports no web framework, as :mod:`.auth`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Iterable, Mapping
@@ -21,10 +23,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ConfigurationError
+from ..limits import format_size
 from ..policy import Ceiling
 from .tenants import DEFAULT_TENANT, Tenant
 
-__all__ = ["TenantRecords", "default_token_file", "parse_ceiling_options"]
+__all__ = [
+    "TenantRecords",
+    "ceiling_to_dict",
+    "default_token_file",
+    "describe_ceiling",
+    "parse_ceiling_options",
+]
 
 
 def default_token_file() -> Path:
@@ -65,6 +74,24 @@ def parse_ceiling_options(
     fields["domains"] = tuple(domains)
     fields["writable_root"] = writable_root
     return Ceiling(**fields)
+
+
+def ceiling_to_dict(ceiling: Ceiling) -> dict[str, Any]:
+    """``ceiling`` as plain data: in the token file and the API (``Ceiling.from_dict`` reads it back)."""
+    data = dataclasses.asdict(ceiling)
+    for name in ("backends", "images", "network", "domains"):
+        data[name] = list(data[name])
+    return data
+
+
+def describe_ceiling(ceiling: Ceiling) -> str:
+    """One line for ``token list``."""
+    return (
+        f"sandboxes<={ceiling.max_sandboxes} memory<={format_size(ceiling.max_memory)} "
+        f"cpus<={ceiling.max_cpus:g} pids<={ceiling.max_pids} lifetime<={ceiling.max_timeout:g}s "
+        f"network={','.join(ceiling.network)} backends={','.join(ceiling.backends) or '(default)'} "
+        f"images={','.join(ceiling.images) or '(default)'}"
+    )
 
 
 class _Member(Protocol):

@@ -17,6 +17,7 @@ from ..._version import __version__
 from ...errors import AgentNestError
 from .. import schemas as s
 from ..refused import Refused
+from ..token_admin import ceiling_to_dict
 from .deps import ERRORS, ServiceDep, TokenDep
 
 #: Seconds a readiness probe waits for each backend.
@@ -106,7 +107,7 @@ async def info(service: ServiceDep, token: TokenDep) -> s.InfoOut:
             for name, backend in service.backends.items()
             if name in allowed
         ],
-        ceiling=token.ceiling.to_dict(),
+        ceiling=ceiling_to_dict(token.ceiling),
         max_body_bytes=settings.max_body_bytes,
         max_upload_bytes=settings.max_upload_bytes,
         tenant=token.tenant,
