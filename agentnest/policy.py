@@ -502,7 +502,7 @@ class Ceiling:
 
     @classmethod
     def from_dict(cls, data: collections.abc.Mapping[str, Any]) -> Ceiling:
-        """A ceiling from its stored form (:func:`agentnest.server.token_admin.ceiling_to_dict`), checked."""
+        """A ceiling from its stored form (a token record), every field checked."""
         if not isinstance(data, collections.abc.Mapping):
             raise ConfigurationError("a token's ceiling must be an object")
         known = {f.name for f in dataclasses.fields(cls)}

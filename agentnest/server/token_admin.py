@@ -77,7 +77,7 @@ def parse_ceiling_options(
 
 
 def ceiling_to_dict(ceiling: Ceiling) -> dict[str, Any]:
-    """``ceiling`` as plain data: in the token file and the API (``Ceiling.from_dict`` reads it back)."""
+    """``ceiling`` as plain data: in the token file (``Ceiling.from_dict`` reads it back) and the API."""
     data = dataclasses.asdict(ceiling)
     for name in ("backends", "images", "network", "domains"):
         data[name] = list(data[name])
