@@ -192,8 +192,12 @@ def _egress_network() -> dict[str, Any]:
     return {"create_network": hardening.egress_network(SUBNET, "198.18.0.9", labels)}
 
 
+def _as_json(scenario: Callable[[], Any]) -> Callable[[], dict[str, Any]]:
+    return lambda: dict(scenario().as_json())
+
+
 DOCUMENTS: dict[str, Callable[[], dict[str, Any]]] = {
-    **{name: (lambda scenario=scenario: scenario().as_json()) for name, scenario in SCENARIOS.items()},
+    **{name: _as_json(scenario) for name, scenario in SCENARIOS.items()},
     "egress-proxy": _egress_proxy,
     "egress-network": _egress_network,
 }
@@ -332,7 +336,8 @@ def test_the_engine_shapes_are_docker_pys() -> None:
     }
     assert api.create_host_config(**host) == api.create_host_config(**typed)
     endpoint = docker.types.NetworkingConfig(
-        {NETWORK: api.create_endpoint_config(ipv4_address="198.18.0.10")}
+        # docker-py takes {network: EndpointConfig}; types-docker's stub says one EndpointConfig.
+        {NETWORK: api.create_endpoint_config(ipv4_address="198.18.0.10")}  # type: ignore[arg-type]
     )
     assert _proxy_plan().create["networking_config"] == endpoint
 

@@ -79,7 +79,7 @@ __all__ = [
 
 Obj = dict[str, Any]
 
-#: The agent's unix socket inside the pod (``agentnest.runtime.bootstrap.listen_command``).
+#: The agent's unix socket inside the pod (``agentnest.runtime.launch.listen_command``).
 AGENT_SOCKET = "/run/agentnest/agent.sock"
 #: Where the pod's downwardAPI volume (its deadline, as the kubelet sees it) is mounted.
 PODINFO_DIR = str(PurePosixPath(PODINFO_DEADLINE).parent)
