@@ -10,8 +10,15 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 demo: engine venv image storage
 	$(BIN)/agentnest demo
 
+# The suite on TEST_WORKERS processes (pytest-xdist).  Most tests wait on an engine, a sandbox or a
+# clock rather than on a core, so three workers keep two cores busy; worksteal lets a worker that
+# runs dry take queued tests from the others, so one long test never leaves the rest idle.
+# Every test owns what it creates (labels with its own process, private pools, engines and
+# servers on free ports), so workers never touch each other's sandboxes.
+TEST_WORKERS ?= 3
+
 test: engine venv image browser storage postgres lint docs
-	AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q --durations=25 tests
+	AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 tests
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
