@@ -29,6 +29,7 @@ from .errors import (
 from .events import EventType
 from .guard import Guard
 from .runtime import hostfs
+from .runtime.base import HostTarget
 
 #: Base time allowed for a file operation, plus time per MiB.
 _FILE_BASE_WAIT = 30.0
@@ -37,7 +38,7 @@ _FILE_WAIT_PER_MIB = 0.5
 _REMOVE_WAIT = 3600.0
 
 
-class Target(hostfs.HostTarget, Protocol):
+class Target(HostTarget, Protocol):
     """What the file operations need of a sandbox (``SandboxCore``): its guard and its agent link."""
 
     @property

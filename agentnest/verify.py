@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from .config import ResourceLimits
@@ -25,49 +26,8 @@ FAIL = "fail"
 SKIP = "skip"
 """Not checkable here (e.g. not visible inside gVisor); does not fail verification."""
 
-#: Runs inside the sandbox and reports what the workload can see, as JSON.
-PROBE = """\
-import errno, json, os
-def read(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-status = {}
-for line in (read("/proc/self/status") or "").splitlines():
-    key, _, value = line.partition(":")
-    status[key] = value.strip()
-try:
-    open("/agentnest-verify-probe", "w").close()
-    os.unlink("/agentnest-verify-probe")
-    root_write = "succeeded"
-except OSError as e:
-    root_write = e.strerror or str(e)
-root_options = ""
-for line in (read("/proc/self/mounts") or "").splitlines():
-    fields = line.split()
-    if len(fields) > 3 and fields[1] == "/":
-        root_options = fields[3]
-dev = (read("/proc/net/dev") or "").splitlines()[2:]
-routes = read("/proc/net/route")
-meminfo = dict(l.split(":", 1) for l in (read("/proc/meminfo") or "").splitlines() if ":" in l)
-vfs = os.statvfs(os.environ.get("AGENTNEST_WORKSPACE", "/workspace"))
-print(json.dumps({
-    "status": status,
-    "root_write": root_write,
-    "root_options": root_options,
-    "interfaces": [l.split(":")[0].strip() for l in dev if ":" in l],
-    "default_route": None if routes is None else any(
-        l.split()[1] == "00000000" for l in routes.splitlines()[1:] if len(l.split()) > 1),
-    "memory": {p: read(p) for p in (
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max")},
-    "pids": {p: read(p) for p in ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max")},
-    "mem_total_kib": meminfo.get("MemTotal", "").strip().split(" ")[0],
-    "workspace_bytes": vfs.f_blocks * vfs.f_frsize,
-    "kernel": os.uname().release,
-}))
-"""
+#: Runs inside the sandbox and reports what the workload can see, as JSON (``agent/probe.py``).
+PROBE = resources.files("agentnest.agent").joinpath("probe.py").read_text("utf-8")
 
 
 @dataclass(frozen=True, slots=True)

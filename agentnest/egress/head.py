@@ -44,18 +44,10 @@ _CHUNK_SIZE = re.compile(rb"^([0-9a-fA-F]{1,16})(;[\x20-\x7e\t]*)?\Z")
 #: A Content-Length: ASCII digits only (str.isdigit also takes '²', which int() refuses).
 _LENGTH = re.compile(r"^[0-9]{1,15}\Z")
 #: Headers that describe one hop and are not forwarded upstream.
-HOP_BY_HOP = frozenset(
-    [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authorization",
-        "proxy-authenticate",
-        "te",
-        "trailer",
-        "upgrade",
-    ]
-)
+HOP_BY_HOP = frozenset((
+    "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te",
+    "trailer", "upgrade",
+))  # fmt: skip
 _PHRASES = {
     400: "Bad Request",
     403: "Forbidden",

@@ -22,7 +22,7 @@ from collections.abc import Collection
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..channel.streams import ByteStream
 from ..config import SandboxConfig
@@ -342,3 +342,14 @@ class RuntimeBackend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release client resources (connections).  Sandboxes are not touched."""
+
+
+class HostTarget(Protocol):
+    """What the host's own file path (:mod:`.hostfs`) needs of a sandbox: backend, handle, configuration."""
+
+    @property
+    def backend(self) -> RuntimeBackend: ...
+    @property
+    def handle(self) -> SandboxHandle: ...
+    @property
+    def config(self) -> SandboxConfig: ...

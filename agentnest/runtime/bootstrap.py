@@ -35,8 +35,8 @@ Modes:
 
 from __future__ import annotations
 
-#: Load order matters: a module's relative imports must already be loaded.
-AGENT_MODULES = ("wire", "limits", "files", "tree", "exec", "sessions", "repl", "loop")
+from .unpack import UNPACK
+
 PACKAGE = "agentnest_agent"
 #: What PID 1 writes to the container's stderr when the first agent exits.
 AGENT_EXITED = b"\x00AGENTNEST-AGENT-EXITED\x00"
@@ -48,35 +48,6 @@ DEADLINE_FILE = "/tmp/.agentnest-deadline"
 PODINFO_DEADLINE = "/etc/agentnest/podinfo/deadline"
 #: Open files per process in a sandbox (RLIMIT_NOFILE, hard and soft).
 NOFILE = 4096
-
-#: The one loader of every program shipped as a bundle (:func:`.launch.pack`): the
-#: agent (:data:`BOOTSTRAP`) and the egress proxy (:func:`.launch.program_command`).
-#: ``unpack(PKG, blob, lazy)`` defines the package ``PKG`` and its modules in
-#: memory, in the bundle's order, except those in ``lazy``; it returns the
-#: package, ``define(name, source)`` for the lazy ones, and the bundle's
-#: ``[name, source]`` pairs.  Stdlib only, Python 3.8 compatible.
-UNPACK = r"""
-import sys
-def unpack(package, bundle, lazy=()):
-    import json, types, zlib
-    modules = json.loads(zlib.decompress(bundle))
-    top = types.ModuleType(package)
-    top.__path__ = []
-    top.__package__ = package
-    sys.modules[package] = top
-    def define(module, source):
-        new = types.ModuleType(package + "." + module)
-        new.__package__ = package
-        new.__file__ = "<%s/%s.py>" % (package.replace("_", "-"), module)
-        sys.modules[new.__name__] = new
-        setattr(top, module, new)
-        exec(compile(source, new.__file__, "exec"), new.__dict__)
-        return new
-    for module, source in modules:
-        if module not in lazy:
-            define(module, source)
-    return top, define, modules
-"""
 
 BOOTSTRAP = UNPACK + (
     r"""

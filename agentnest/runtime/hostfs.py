@@ -22,30 +22,17 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import os
-import sys
 import threading
 from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..agent.files import FileError, Workspace
 from ..errors import FileAccessError, FileTooLargeError
+from .launch import host_python
 
 if TYPE_CHECKING:
-    from ..config import SandboxConfig
-    from .base import RuntimeBackend, SandboxHandle
-
-
-class HostTarget(Protocol):
-    """What the fast path needs of a sandbox: its backend, handle and configuration."""
-
-    @property
-    def backend(self) -> RuntimeBackend: ...
-    @property
-    def handle(self) -> SandboxHandle: ...
-    @property
-    def config(self) -> SandboxConfig: ...
+    from .base import HostTarget
 
 
 def become(uid: int, gid: int) -> None:
@@ -61,26 +48,6 @@ def become(uid: int, gid: int) -> None:
     # Each call returns the previous value; an invalid one (-1) changes nothing.
     if libc.setfsuid(-1) != uid or libc.setfsgid(-1) != gid:
         raise OSError("setfsuid/setfsgid did not take effect")
-
-
-@lru_cache(maxsize=1)
-def host_python() -> str | None:
-    """An interpreter on this host that any user may run, or ``None``.
-
-    The programs run as the sandbox's UID, which cannot run an interpreter
-    in a private directory (a venv or pyenv under /root); -I -S need nothing
-    of a venv, so the real interpreter, or the system's, does.
-    """
-    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3"):
-        path = Path(os.path.realpath(candidate))
-        try:
-            if not path.is_file() or path.stat().st_mode & 0o005 != 0o005:
-                continue
-            if all(parent.stat().st_mode & 0o001 for parent in path.parents):
-                return str(path)
-        except OSError:
-            continue
-    return None
 
 
 def host_workspace(sandbox: HostTarget, *, write: bool = False) -> Path | None:

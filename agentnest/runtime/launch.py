@@ -14,18 +14,22 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import sys
 import zlib
 from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 
-from .bootstrap import AGENT_MODULES, UNPACK, command
+from .bootstrap import command
+from .unpack import AGENT_MODULES, UNPACK
 
 
 def pack(package: str, modules: Sequence[str]) -> bytes:
     """A bundle: ``agentnest/<package>/<name>.py`` of each of ``modules`` (in load order), compressed.
 
-    What :data:`.bootstrap.UNPACK` loads.  A module's relative imports must come
+    What :data:`.unpack.UNPACK` loads.  A module's relative imports must come
     earlier in ``modules``; the package imports nothing outside itself.
     """
     pkg = resources.files(f"agentnest.{package}")
@@ -91,3 +95,23 @@ def bridge_command(python: str, socket_path: str, wait: float = 0.0) -> list[str
     """
     source = (resources.files("agentnest.agent") / "bridge.py").read_text("utf-8")
     return [python, "-I", "-S", "-c", source, socket_path, f"{max(0.0, wait):.1f}"]
+
+
+@lru_cache(maxsize=1)
+def host_python() -> str | None:
+    """An interpreter on this host that any user may run, or ``None``.
+
+    The programs run as the sandbox's UID, which cannot run an interpreter
+    in a private directory (a venv or pyenv under /root); -I -S need nothing
+    of a venv, so the real interpreter, or the system's, does.
+    """
+    for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3"):
+        path = Path(os.path.realpath(candidate))
+        try:
+            if not path.is_file() or path.stat().st_mode & 0o005 != 0o005:
+                continue
+            if all(parent.stat().st_mode & 0o001 for parent in path.parents):
+                return str(path)
+        except OSError:
+            continue
+    return None

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..channel.protocol import RawExit
 from ..runtime.hostfs import become as become
-from ..runtime.hostfs import host_python as _host_python
 from ..runtime.hostfs import host_workspace as _host_workspace
+from ..runtime.launch import host_python as _host_python
 from . import programs
 from .programs import (
     _ERR_MAX,

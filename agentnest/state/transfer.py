@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import re
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from ..config import Artifact
 from ..errors import ChannelError, ConfigurationError, FileAccessError, SnapshotError
@@ -19,17 +17,16 @@ from ..events import EventType
 from ..runtime.hostfs import host_workspace as _host_workspace
 from .archive import _Gate
 from .host import _start_hasher, _start_writer
+from .hosttree import HostTree
 from .programs import _read_program, _writer_args
 from .rules import (
     _HEX64,
     MAX_ARTIFACTS,
     MAX_NAME_BYTES,
     PAYLOAD_PREFIX,
-    MiB,
     TarRules,
     _is_count,
     _nbytes,
-    _refuse,
     glob_parts,
 )
 
@@ -179,7 +176,7 @@ def download(sandbox: SandboxCore, path: str, dest: str | os.PathLike[str]) -> P
     prefix = name or PAYLOAD_PREFIX
     try:
         target_dir.mkdir(parents=True, exist_ok=True)
-        tree = _HostTree(target_dir, strip=not name)
+        tree = HostTree(target_dir, strip=not name)
     except OSError as exc:
         raise FileAccessError(
             f"cannot use {str(target_dir)!r} as the destination: {exc}", code="io"
@@ -202,123 +199,3 @@ def download(sandbox: SandboxCore, path: str, dest: str | os.PathLike[str]) -> P
         tree.close()
     guard.emit(EventType.FILE_READ, {"path": rel, "size": rules.size, "files": rules.files})
     return target_dir / name if name else target_dir
-
-
-class _HostTree:
-    """Writes validated members below a host directory, never outside it.
-
-    Every directory is opened relative to its parent with ``O_NOFOLLOW``,
-    so a symlink already in the destination is refused, not followed; files
-    are written to a temporary name and renamed over the target (a rename
-    replaces a link, it never writes through one).  Modes keep at most
-    ``0o755``: no setuid, setgid, sticky or world-writable file reaches the host.
-    """
-
-    _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-    def __init__(self, dest: Path, *, strip: bool) -> None:
-        self._strip = strip
-        self._root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._parts: tuple[str, ...] = ()
-        self._fd = self._root
-
-    def close(self) -> None:
-        if self._fd != self._root:
-            os.close(self._fd)
-        os.close(self._root)
-        self._fd = self._root = -1
-
-    def _parent(self, parts: list[str]) -> int:
-        want = tuple(parts[:-1])
-        if want == self._parts:
-            return self._fd
-        if self._fd != self._root:
-            os.close(self._fd)
-        self._parts, self._fd = (), self._root
-        fd = self._root
-        try:
-            for part in want:
-                try:
-                    nfd = os.open(part, self._DIR, dir_fd=fd)
-                except FileNotFoundError:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                    nfd = os.open(part, self._DIR, dir_fd=fd)
-                if fd != self._root:
-                    os.close(fd)
-                fd = nfd
-        except OSError as exc:
-            if fd != self._root:
-                os.close(fd)
-            raise _host_error(exc, "/".join(parts)) from None
-        self._parts, self._fd = want, fd
-        return fd
-
-    def add(self, tar: tarfile.TarFile, member: tarfile.TarInfo, rel: list[str], kind: str) -> None:
-        parts = rel if self._strip else [member.name.split("/", 1)[0], *rel]
-        if not parts:
-            return
-        pfd = self._parent(parts)
-        name = parts[-1]
-        if kind == "dir":
-            try:
-                os.mkdir(name, 0o755, dir_fd=pfd)
-            except FileExistsError:
-                try:
-                    os.close(os.open(name, self._DIR, dir_fd=pfd))
-                except OSError as exc:
-                    raise _host_error(exc, "/".join(parts)) from None
-            except OSError as exc:
-                raise _host_error(exc, "/".join(parts)) from None
-            return
-        tmp = f".{name[:200]}.agentnest-{os.getpid()}-{os.urandom(4).hex()}.tmp"
-        try:
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd
-            )
-        except OSError as exc:
-            raise _host_error(exc, "/".join(parts)) from None
-        try:
-            try:
-                src = cast(IO[bytes], tar.fileobj)
-                sparse = cast("list[tuple[int, int]] | None", member.sparse)
-                if sparse is None:
-                    _copy_out(src, fd, member.size, member.name)
-                else:
-                    for offset, length in sparse:
-                        os.lseek(fd, offset, os.SEEK_SET)
-                        _copy_out(src, fd, length, member.name)
-                    os.ftruncate(fd, member.size)
-                os.fchmod(fd, member.mode & 0o755)
-                os.utime(fd, (member.mtime, member.mtime))
-            finally:
-                os.close(fd)
-            os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=pfd)
-            if isinstance(exc, OSError):
-                raise _host_error(exc, "/".join(parts)) from None
-            raise
-
-
-def _copy_out(src: IO[bytes], fd: int, n: int, member: str) -> None:
-    while n:
-        data = src.read(min(MiB, n))
-        if not data:
-            raise _refuse(member, "truncated", "the member's data is truncated")
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        n -= len(data)
-
-
-def _host_error(exc: OSError, where: str) -> FileAccessError:
-    import errno
-
-    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-        return FileAccessError(
-            f"{where!r}: a symlink or a file is in the way in the destination; it is not followed",
-            path=where,
-            code="symlink",
-        )
-    return FileAccessError(f"{where!r}: {exc.strerror or exc}", path=where, code="io")

@@ -17,6 +17,7 @@ import pytest
 
 from agentnest.agent.wire import PROTOCOL_VERSION, Decoder
 from agentnest.runtime import bootstrap, launch
+from agentnest.runtime import unpack as loader
 
 AGENT_DIR = Path(bootstrap.__file__).resolve().parent.parent / "agent"
 
@@ -29,7 +30,7 @@ def unpack(bundle: bytes) -> list[tuple[str, str]]:
 
 def test_bundle_holds_the_agent_modules_in_load_order() -> None:
     mods = unpack(launch.bundle())
-    assert [name for name, _ in mods] == list(bootstrap.AGENT_MODULES)
+    assert [name for name, _ in mods] == list(loader.AGENT_MODULES)
     for name, src in mods:
         assert src == (AGENT_DIR / f"{name}.py").read_text("utf-8")
 
@@ -52,7 +53,7 @@ def test_keeper_commands_carry_a_lifetime_of_at_least_a_second() -> None:
     assert len(argv) == 8
 
 
-@pytest.mark.parametrize("name", bootstrap.AGENT_MODULES)
+@pytest.mark.parametrize("name", loader.AGENT_MODULES)
 def test_agent_modules_import_only_the_stdlib_and_each_other(name: str) -> None:
     tree = ast.parse((AGENT_DIR / f"{name}.py").read_text("utf-8"))
     for node in ast.walk(tree):
@@ -64,7 +65,7 @@ def test_agent_modules_import_only_the_stdlib_and_each_other(name: str) -> None:
                 assert node.level == 1, "the agent imports nothing outside agent/"
                 for alias in node.names:
                     if node.module is None:
-                        assert alias.name in bootstrap.AGENT_MODULES, alias.name
+                        assert alias.name in loader.AGENT_MODULES, alias.name
             else:
                 assert node.module is not None
                 assert node.module.split(".")[0] in sys.stdlib_module_names, node.module
@@ -114,8 +115,8 @@ def test_bootstrap_starts_the_agent_without_agentnest_installed(tmp_path: Path) 
 def test_the_agent_and_the_proxy_share_one_loader() -> None:
     from agentnest.runtime.egresslog import PROXY_MODULES, proxy_command
 
-    assert bootstrap.BOOTSTRAP.startswith(bootstrap.UNPACK)
-    assert launch.RUN.startswith(bootstrap.UNPACK)
+    assert bootstrap.BOOTSTRAP.startswith(loader.UNPACK)
+    assert launch.RUN.startswith(loader.UNPACK)
     argv = proxy_command("python3", {"listen": ["127.0.0.1", 0]})
     assert argv[:4] == ["python3", "-S", "-c", launch.RUN]
     assert argv[4:6] == ["agentnest_egress", "serve"]

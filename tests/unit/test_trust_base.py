@@ -43,6 +43,7 @@ TRUST_BASE = (
     "agentnest/runtime/bootstrap.py",
     "agentnest/agent/files.py",
     "agentnest/runtime/hostfs.py",
+    "agentnest/state/hosttree.py",
     "agentnest/agent/tree.py",
     "agentnest/server/auth.py",
 )

@@ -42,27 +42,11 @@ if TYPE_CHECKING:
     from .gpus import GPURequest
 
 __all__ = [
-    "CONTAINER_PATH",
-    "DENIED",
-    "GVISOR_OVERHEAD",
-    "PROXY_PORT",
-    "REATTACH_SOCKET",
-    "ContainerPlan",
-    "EgressNetwork",
-    "WorkspaceBind",
-    "check_confinement",
-    "container",
-    "custom_profile",
-    "egress_network",
-    "network_mode",
-    "pids_ceiling",
-    "profile",
-    "profile_json",
-    "proxy_config",
-    "proxy_container",
-    "security_opt",
-    "ulimits",
-]
+    "CONTAINER_PATH", "DENIED", "GVISOR_OVERHEAD", "PROXY_PORT", "REATTACH_SOCKET", "ContainerPlan",
+    "EgressNetwork", "WorkspaceBind", "check_confinement", "container", "custom_profile", "egress_network",
+    "network_mode", "pids_ceiling", "profile", "profile_json", "proxy_config", "proxy_container",
+    "security_opt", "ulimits",
+]  # fmt: skip
 
 #: Memory gVisor's own kernel (the Sentry) needs beside the workload.
 GVISOR_OVERHEAD = 48 * 2**20
