@@ -11,14 +11,20 @@ demo: engine venv image storage
 	$(BIN)/agentnest demo
 
 # The suite on TEST_WORKERS processes (pytest-xdist).  Most tests wait on an engine, a sandbox or a
-# clock rather than on a core, so three workers keep two cores busy; worksteal lets a worker that
+# clock rather than on a core, so four workers keep two cores busy; worksteal lets a worker that
 # runs dry take queued tests from the others, so one long test never leaves the rest idle.
 # Every test owns what it creates (labels with its own process, private pools, engines and
-# servers on free ports), so workers never touch each other's sandboxes.
-TEST_WORKERS ?= 3
+# servers on free ports), so workers never touch each other's sandboxes.  Lint, types and the
+# docs build run beside the tests (their output follows the tests'); either failing fails make.
+TEST_WORKERS ?= 4
 
-test: engine venv image browser storage postgres lint docs
-	AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 tests
+test: engine venv image browser storage postgres
+	@rm -f .lint.log .lint.rc; \
+	( $(MAKE) --no-print-directory lint docs > .lint.log 2>&1; echo $$? > .lint.rc ) & \
+	AGENTNEST_REQUIRE_ENGINE=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 tests; \
+	tests=$$?; wait; cat .lint.log; lint=$$(cat .lint.rc 2>/dev/null || echo 1); \
+	echo "make test: the tests exited $$tests; lint, types and docs exited $$lint"; \
+	[ $$tests -eq 0 ] && [ $$lint -eq 0 ]
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
