@@ -155,7 +155,9 @@ def test_prune_leaves_nothing_after_the_host_is_killed(backend_name: str, docker
 
 def test_extend_moves_the_egress_proxy_deadline_too(backend_name: str, docker_client: Any) -> None:
     policy = SecurityPolicy(network=NetworkPolicy.allowlist(domains=["allowed.test"]))
-    with Sandbox(backend=backend_name, timeout=5, security_policy=policy) as sb:
+    # 15 s: an allowlisted sandbox (its proxy container too) can take several seconds to start
+    # on a loaded machine, and its first deadline must still be ahead when extend() runs.
+    with Sandbox(backend=backend_name, timeout=15, security_policy=policy) as sb:
         first = sb.deadline
         sb.extend(60)
         wait_past(first + 2, sb)
