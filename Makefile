@@ -11,12 +11,13 @@ demo: engine venv image storage
 	$(BIN)/agentnest demo
 
 # The suite on TEST_WORKERS processes (pytest-xdist).  Most tests wait on an engine, a sandbox or a
-# clock rather than on a core, so four workers keep two cores busy; worksteal lets a worker that
+# clock rather than on a core, so three workers keep two cores busy (four ran faster
+# but made timing-sensitive tests flaky under the load); worksteal lets a worker that
 # runs dry take queued tests from the others, so one long test never leaves the rest idle.
 # Every test owns what it creates (labels with its own process, private pools, engines and
 # servers on free ports), so workers never touch each other's sandboxes.  Lint, types and the
 # docs build run beside the tests (their output follows the tests'); either failing fails make.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 
 test: engine venv image browser storage postgres
 	@rm -f .lint.log .lint.rc; \

@@ -27,7 +27,7 @@ from agentnest.testing.wait import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
-GRACE = 0.6
+GRACE = 2.0  # a loaded machine may take a second between the create and the lease stream
 IDLE = 0.6
 
 
