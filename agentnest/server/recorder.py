@@ -75,6 +75,7 @@ class Recorder:
         self.started_at = time.time()
         self.retention = retention
         self._ops: collections.deque[Op] = collections.deque()
+        self._writing = 0  # records of the batch being written now (out of _ops, not yet in the database)
         self._lock = threading.Lock()  # the deque's appends are atomic; the drop/requeue is not
         self._flushing = asyncio.Lock()
         self.dropped = 0
@@ -198,7 +199,10 @@ class Recorder:
 
     @property
     def queued(self) -> int:
-        return len(self._ops)
+        """Records not yet in the database: those waiting and those of the batch being written
+        (a reader that sees 0 can read every record it queued before)."""
+        with self._lock:
+            return len(self._ops) + self._writing
 
     # -- writing (the event loop) ----------------------------------------------------------
 
@@ -209,12 +213,14 @@ class Recorder:
                 with self._lock:
                     batch = list(self._ops)
                     self._ops.clear()
+                    self._writing = len(batch)
                 if not batch:
                     return
                 try:
                     await anyio.to_thread.run_sync(self.database.apply, batch)
                 except BaseException as exc:
                     with self._lock:
+                        self._writing = 0
                         # Back in front, in order; whatever came meanwhile stays behind it.
                         self._ops.extendleft(reversed(batch))
                         while len(self._ops) > MAX_BUFFER:
@@ -225,6 +231,8 @@ class Recorder:
                     if isinstance(exc, RuntimeNotAvailableError):
                         self._down(exc)
                     raise
+                with self._lock:
+                    self._writing = 0
                 self._up()
                 # Wake every reader waiting for news (a fresh Event for the next wait).
                 written, self._written = self._written, asyncio.Event()
