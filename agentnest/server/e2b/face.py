@@ -175,7 +175,9 @@ class E2BFace:
         elif method == "POST" and action == "resume" and not v2:
             return await control.resume(request, sandbox_id)
         elif action in _UNSUPPORTED_CONTROL:
-            control.token(request)  # unauthenticated callers learn nothing, not even this
+            # Only the owner learns that the call is not served: anyone else gets the 401 or
+            # 404 of an id that is not theirs (a 501 first would tell that the id exists).
+            await control.owned(control.token(request), sandbox_id)
             raise unsupported(f"{method} {request.url.path[:120]}")
         raise E2BError(404 if action else 405, f"no route {method} {request.url.path[:120]}")
 
@@ -186,17 +188,19 @@ class E2BFace:
         if port is None:
             port = INTERPRETER_PORT if path == "/execute" or path.startswith("/contexts") else ENVD_PORT
         owner = self.boxes.live(sandbox_id)
-        if owner is None:
-            # E2B's proxy answer for a sandbox that is gone (or never was, or is another
-            # tenant's: the access token is per sandbox, so nothing else is told).
-            return envd_error(502, not_found_message(sandbox_id))
+        if owner is None or not self._authorized(request, owner, path):
+            # No existence oracle: a sandbox that is gone, never was, or is asked about without
+            # its access token (none, a wrong one, another sandbox's, a bad signature) gets one
+            # answer, E2B's proxy answer for a sandbox that does not exist.  Not 401: the server
+            # forgets an ended sandbox's token, so it cannot tell a wrong token from the right
+            # one of a sandbox that ended, and the SDK's is_running() needs this 502 then.
+            # /health too: the SDKs send the token with it (docs/e2b.md, "Credentials").  The
+            # message keeps "was not found" (what the SDKs look for) and names the other cause.
+            return envd_error(502, f"{not_found_message(sandbox_id)} (or this is not its access token)")
         if port not in (ENVD_PORT, INTERPRETER_PORT):
             return envd_error(502, f"The sandbox {owner.id} is running but port {port} is not open")
         if path == "/health":
-            # No credential needed (as envd): it says only that the sandbox runs.
             return Response(status_code=204) if port == ENVD_PORT else PlainTextResponse("OK")
-        if not self._authorized(request, owner, path):
-            return envd_error(401, "missing or wrong X-Access-Token for this sandbox")
         owner.entry.lease.touch()  # every call is use: it renews an idle lease
         if port == INTERPRETER_PORT:
             if path == "/execute" and request.method == "POST":
