@@ -44,6 +44,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Literal
 
+from . import fairshare
 from .tenants import BANDS, Tenant
 
 Reason = Literal["tenant_cap", "capacity", "rate", "queue_full"]
@@ -221,6 +222,7 @@ class Admission:
         aging: float = DEFAULT_AGING,
         max_queue: int = DEFAULT_MAX_QUEUE,
         clock: Callable[[], float] = time.monotonic,
+        half_life: float = fairshare.HALF_LIFE,
     ) -> None:
         if not aging > 0 or not math.isfinite(aging):
             raise ValueError(f"aging={aging!r} must be a positive number of seconds")
@@ -246,6 +248,12 @@ class Admission:
         # counted as held here, so this server's queue waits for room the others took.
         self._others: dict[str, Resources] = {}
         self._others_total = Resources()
+        # Fair share over time (:mod:`.fairshare`): this replica's decayed usage per tenant, the
+        # others' as last read (with the time it was read), and the expected hold time.
+        self.usage = fairshare.Usage(clock(), half_life)
+        self.hold_time = fairshare.HoldTime()
+        self._others_usage: dict[str, float] = {}
+        self._others_usage_at = clock()
 
     # -- state -------------------------------------------------------------------
 
@@ -270,18 +278,51 @@ class Admission:
 
     def set_capacity(self, capacity: Resources) -> None:
         """New capacity (the operator's or the backend's); queued requests may fit now."""
+        self._accrue(self._clock())
         self.capacity = capacity
         self._dispatch()
 
-    def set_others(self, held: dict[str, Resources]) -> None:
-        """What the other replicas hold now, per tenant (:mod:`agentnest.server.shared`)."""
+    def set_others(self, held: dict[str, Resources], usage: dict[str, float] | None = None) -> None:
+        """What the other replicas hold now, per tenant (:mod:`agentnest.server.shared`), and
+        their tenants' decayed usage as of now (None: unchanged)."""
+        now = self._clock()
+        self._accrue(now)
         total = Resources()
         for resources in held.values():
             total = total + resources
         changed = held != self._others
         self._others, self._others_total = held, total
+        if usage is not None:
+            changed = changed or bool(usage or self._others_usage)
+            self._others_usage, self._others_usage_at = usage, now
         if changed:
             self._dispatch()
+
+    def fair_key(self, tenant: str) -> float:
+        """The tenant's place in the order between tenants (:func:`.fairshare.key`), all replicas'."""
+        state = self._tenants.get(tenant)
+        if state is None:
+            return 0.0
+        now = self._clock()
+        self._accrue(now)
+        return self._key(state, now)
+
+    def _key(self, state: _Tenant, now: float) -> float:
+        name = state.config.name
+        usage = self.usage[name]
+        others = self._others_usage.get(name)
+        if others:
+            usage += fairshare.decayed(others, now - self._others_usage_at, self.usage.half_life)
+        share = self._holding(state).share_of(self.capacity)
+        return fairshare.key(usage, share, self.hold_time.seconds, state.config.weight)
+
+    def _accrue(self, now: float) -> None:
+        """Count this replica's holdings in the usage up to ``now`` (before they change)."""
+        if now > self.usage.stamp:
+            shares = {
+                name: t.held.share_of(self.capacity) for name, t in self._tenants.items() if t.held.sandboxes
+            }
+            self.usage.advance(shares, now)
 
     def retune(self, tenant: Tenant) -> None:
         """Apply a tenant's changed settings to what it holds and has queued."""
@@ -334,6 +375,8 @@ class Admission:
             )
         now = self._clock()
         ticket = Ticket(next(self._seq), tenant, demand, band, now, now + max(0.0, max_wait), transfer)
+        if not state.queue:
+            self._join_backlog(state, now)
         state.queue.append(ticket)
         self._queued += 1
         self._dispatch()
@@ -420,9 +463,18 @@ class Admission:
         ticket = self.submit(tenant, demand, band=band, max_wait=max_wait, transfer=transfer)
         return await self.wait(ticket, on_update)
 
+    def _join_backlog(self, state: _Tenant, now: float) -> None:
+        """No credit for idling: a tenant that starts waiting joins no lower than the lowest
+        key among those already waiting (start-time fair queuing's virtual time)."""
+        self._accrue(now)
+        floor = min((self._key(t, now) for t in self._tenants.values() if t.queue), default=None)
+        if floor is not None:
+            self.usage.add(state.config.name, (floor - self._key(state, now)) * state.config.weight)
+
     def _unhold(self, grant: Grant) -> bool:
         if grant.released:
             return False
+        self._accrue(self._clock())
         grant.released = True
         state = self._tenants.get(grant.tenant)
         if state is not None:
@@ -435,6 +487,7 @@ class Admission:
         grant it took over (``transfer``, a warm sandbox's) holds again."""
         self._unhold(grant)
         if transfer is not None and transfer.released:
+            self._accrue(self._clock())
             transfer.released = False
             state = self._tenants.get(transfer.tenant)
             if state is not None:
@@ -453,6 +506,7 @@ class Admission:
         for callback in self.on_release:
             callback(grant)
         now = self._clock()
+        self.hold_time.observe(now - grant.granted_at)
         if self._last_release is not None:
             gap = max(now - self._last_release, 1e-3)
             rate = 1.0 / gap
@@ -523,7 +577,7 @@ class Admission:
         heads.sort(
             key=lambda pair: (
                 self._effective_band(pair[1], now),
-                self._holding(pair[0]).share_of(self.capacity) / pair[0].config.weight,
+                self._key(pair[0], now),
                 pair[1].enqueued,
                 pair[1].seq,
             )
@@ -533,6 +587,7 @@ class Admission:
     def _dispatch(self) -> None:
         """Admit every head whose turn it is; schedule the next look when time alone can change that."""
         now = self._clock()
+        self._accrue(now)
         wake: float | None = None
         progress = True
         while progress and self._queued:
