@@ -6,14 +6,19 @@ Never an unbounded hang (agent-sandbox #802), never a blind reject while
 room is about to free up (E2B, Daytona).
 
 **Order between tenants.** Each dispatch walks the backlogged tenants'
-heads ordered by (band, dominant share / weight, arrival):
+heads ordered by (band, fair-share key, arrival):
 
 * *band*: ``high`` before ``normal`` before ``low``.  A queued request moves
   one band up every ``aging`` seconds, so a low band is never starved.
-* *dominant share*: the largest of the tenant's held fraction of the
+* *fair-share key* (:mod:`.fairshare`): the tenant's remembered usage (its
+  dominant share integrated over time, decayed with a half-life) plus what it
+  holds now counted for the expected hold time, divided by its weight.  The
+  dominant share is the largest of the tenant's held fractions of the
   server's sandboxes, memory and CPUs (Dominant Resource Fairness, Ghodsi et
-  al. NSDI '11, as Kueue and Armada order admission).  Divided by the
-  tenant's weight, this is weighted max-min fairness on what each holds now.
+  al. NSDI '11, as Kueue and Armada order admission).  Ordering by usage over
+  time, not by holdings now, makes weighted shares exact over time whatever
+  the capacity (issue 33); a tenant that starts waiting joins no lower than the
+  lowest key among those already waiting (no credit for idling).
 * *arrival*: the older head first.
 
 A head that is over its tenant's caps, or whose tenant's token bucket is

@@ -23,13 +23,15 @@ sharing (usage with a half-life) and start-time fair queuing do:
   that asked for nothing was denied nothing, and may not make up for it by
   taking every slot for minutes.
 
-The bound (docs/manager.md, tested by tests/unit/test_fairshare.py): while a set
-of tenants stays backlogged on a full server, keys stay within one grant's
-look-ahead plus one hold of each other, so over a window of T seconds a
-tenant's dominant-share-seconds differ from its weighted part by at most
-``(2 * D_max + look-ahead) * s_max * (1 + w_i / w_min)`` (:func:`lag_bound`)
-plus the drift of the half-life; as a fraction of its fair share, that falls as
-1/T.
+The bound (docs/manager.md, checked by tests/unit/test_fairshare.py against a
+simulator): while a set of tenants stays backlogged on a full server, a grant
+goes to the smallest key and raises it by one look-ahead, and a tenant left
+behind gets the next slot that frees (within one hold), so keys stay within a
+grant's look-ahead plus one hold of each other.  Over any window, a tenant's
+dominant-share-seconds then differ from its weighted part of what the
+backlogged tenants used by at most ``(D_max + look-ahead) * s_max * (1 + w_i / w_min)``
+(:func:`lag_bound`): a constant, so as a fraction of its fair share the error
+falls as 1/T with the window's length T.
 
 Time is any monotonic clock in seconds (the admission's); across replicas the
 usage is written with wall-clock stamps (:func:`decayed`).
@@ -56,7 +58,7 @@ NEGLIGIBLE = 1e-6
 
 def decayed(value: float, elapsed: float, half_life: float = HALF_LIFE) -> float:
     """``value`` after ``elapsed`` seconds of decay."""
-    return value * 0.5 ** (max(0.0, elapsed) / half_life)
+    return value * math.pow(0.5, max(0.0, elapsed) / half_life)
 
 
 def accrued(share: float, elapsed: float, half_life: float = HALF_LIFE) -> float:
@@ -78,10 +80,10 @@ def lag_bound(hold: float, lookahead: float, share: float, weight: float, min_we
 
     ``hold``: the longest a sandbox is held; ``share``: the largest dominant share of one
     sandbox; ``weight``: the tenant's; ``min_weight``: the smallest among the backlogged.
-    Each end of the window adds one key gap (a grant's look-ahead plus one hold of the
-    largest sandbox, / the smallest weight), scaled by the tenant's weight.
+    The key gap (a grant's look-ahead plus one hold of the largest sandbox, over the
+    smallest weight) on the others' side, plus the tenant's own, scaled by its weight.
     """
-    return (2 * hold + lookahead) * share * (1 + weight / min_weight)
+    return (hold + lookahead) * share * (1 + weight / min_weight)
 
 
 class Usage:
@@ -115,7 +117,7 @@ class Usage:
         if elapsed <= 0:
             return
         self.stamp = now
-        factor = 0.5 ** (elapsed / self.half_life)
+        factor = math.pow(0.5, elapsed / self.half_life)
         values = self._values
         for tenant in list(values):
             value = values[tenant] * factor
@@ -153,6 +155,7 @@ class HoldTime:
 __all__ = [
     "DEFAULT_HOLD",
     "HALF_LIFE",
+    "HOLD_SMOOTHING",
     "HoldTime",
     "Usage",
     "accrued",
