@@ -303,6 +303,11 @@ class Admission:
         if changed:
             self._dispatch()
 
+    def own_usage(self) -> dict[str, float]:
+        """Each tenant's decayed usage on this replica up to now (what :mod:`.shared` writes)."""
+        self._accrue(self._clock())
+        return dict(self.usage.items())
+
     def fair_key(self, tenant: str) -> float:
         """The tenant's place in the order between tenants (:func:`.fairshare.key`), all replicas'."""
         state = self._tenants.get(tenant)
@@ -312,14 +317,18 @@ class Admission:
         self._accrue(now)
         return self._key(state, now)
 
-    def _key(self, state: _Tenant, now: float) -> float:
+    def _usage(self, state: _Tenant, now: float) -> float:
+        """The tenant's remembered usage on every replica (this one's exact, the others' as last read)."""
         name = state.config.name
-        usage = self.usage[name]
         others = self._others_usage.get(name)
-        if others:
-            usage += fairshare.decayed(others, now - self._others_usage_at, self.usage.half_life)
+        mine = self.usage[name]
+        if not others:
+            return mine
+        return mine + fairshare.decayed(others, now - self._others_usage_at, self.usage.half_life)
+
+    def _key(self, state: _Tenant, now: float) -> float:
         share = self._holding(state).share_of(self.capacity)
-        return fairshare.key(usage, share, self.hold_time.seconds, state.config.weight)
+        return fairshare.key(self._usage(state, now), share, self.hold_time.seconds, state.config.weight)
 
     def _accrue(self, now: float) -> None:
         """Count this replica's holdings in the usage up to ``now`` (before they change)."""
@@ -381,7 +390,7 @@ class Admission:
         now = self._clock()
         ticket = Ticket(next(self._seq), tenant, demand, band, now, now + max(0.0, max_wait), transfer)
         if not state.queue:
-            self._join_backlog(state, now)
+            self._join_backlog(state, ticket, now)
         state.queue.append(ticket)
         self._queued += 1
         self._dispatch()
@@ -468,13 +477,18 @@ class Admission:
         ticket = self.submit(tenant, demand, band=band, max_wait=max_wait, transfer=transfer)
         return await self.wait(ticket, on_update)
 
-    def _join_backlog(self, state: _Tenant, now: float) -> None:
-        """No credit for idling: a tenant that starts waiting joins no lower than the lowest
-        key among those already waiting (start-time fair queuing's virtual time)."""
+    def _join_backlog(self, state: _Tenant, head: Ticket, now: float) -> None:
+        """No credit for idling: a tenant that starts waiting joins with usage per weight at most
+        :data:`.fairshare.CREDIT` grants' worth below the least among those already waiting
+        (start-time fair queuing's virtual time, with the slack of a lag it may rightly carry).
+        Usage only: what the others hold now still counts against them."""
         self._accrue(now)
-        floor = min((self._key(t, now) for t in self._tenants.values() if t.queue), default=None)
+        floor = min(
+            (self._usage(t, now) / t.config.weight for t in self._tenants.values() if t.queue), default=None
+        )
         if floor is not None:
-            self.usage.add(state.config.name, (floor - self._key(state, now)) * state.config.weight)
+            slack = fairshare.CREDIT * self.hold_time.seconds * head.demand.share_of(self.capacity)
+            self.usage.add(state.config.name, floor * state.config.weight - slack - self._usage(state, now))
 
     def _unhold(self, grant: Grant) -> bool:
         if grant.released:

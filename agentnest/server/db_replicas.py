@@ -20,8 +20,9 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from .._version import __version__
 from ..errors import RuntimeNotAvailableError
+from . import fairshare
 from .admission import Resources
-from .db_tables import events, first_line, holds, leases, sandboxes, servers
+from .db_tables import events, first_line, holds, leases, sandboxes, servers, usage
 
 #: Key of the PostgreSQL advisory lock of admission: held for the length of one
 #: :meth:`ReplicaQueries.hold` transaction, so the check of what every replica holds and
@@ -314,6 +315,39 @@ class ReplicaQueries:
         if released:
             with self._begin() as conn:
                 conn.execute(holds.delete().where(holds.c.hold.in_(list(released))))
+
+    def write_usage(
+        self, server: str, values: Mapping[str, float], half_life: float = fairshare.HALF_LIFE
+    ) -> None:
+        """Replace ``server``'s row of each tenant's decayed usage (as of now, wall clock).
+
+        Rows are kept when their server is gone (the usage was the tenant's); a row whose value
+        has decayed to nothing is deleted by the next write of any server.
+        """
+        now = time.time()
+        rows = [
+            {"server": server, "tenant": tenant[:64], "value": value, "stamp": now}
+            for tenant, value in values.items()
+            if value > fairshare.NEGLIGIBLE
+        ]
+        # Older than this, any value a server can write has decayed below NEGLIGIBLE.
+        forgotten = now - 64 * half_life
+        with self._begin() as conn:
+            conn.execute(usage.delete().where(sa.or_(usage.c.server == server, usage.c.stamp < forgotten)))
+            if rows:
+                conn.execute(usage.insert(), rows)
+
+    def usage_elsewhere(self, server: str, half_life: float = fairshare.HALF_LIFE) -> dict[str, float]:
+        """Each tenant's decayed usage on the other replicas (and gone ones), as of now."""
+        now = time.time()
+        with self._begin() as conn:
+            rows = conn.execute(
+                sa.select(usage.c.tenant, usage.c.value, usage.c.stamp).where(usage.c.server != server)
+            ).all()
+        summed: dict[str, float] = {}
+        for tenant, value, stamp in rows:
+            summed[tenant] = summed.get(tenant, 0.0) + fairshare.decayed(float(value), now - stamp, half_life)
+        return summed
 
     def lead(self, name: str, holder: str, ttl: float) -> bool:
         """Take or renew the lease ``name`` for ``holder`` for ``ttl`` seconds; True if it holds it.

@@ -87,6 +87,17 @@ holds = sa.Table(
     sa.Index("ix_holds_tenant", "tenant"),
 )
 
+usage = sa.Table(
+    "usage",
+    metadata,
+    # Each tenant's decayed dominant-share-seconds on each replica (agentnest.server.fairshare),
+    # as of ``stamp`` (wall clock): the sum over servers is the tenant's usage on all of them.
+    sa.Column("server", sa.String(64), primary_key=True),
+    sa.Column("tenant", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Float, nullable=False),
+    sa.Column("stamp", sa.Float, nullable=False),
+)
+
 leases = sa.Table(
     "leases",
     metadata,
@@ -102,4 +113,4 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-__all__ = ["events", "first_line", "holds", "leases", "metadata", "sandboxes", "servers"]
+__all__ = ["events", "first_line", "holds", "leases", "metadata", "sandboxes", "servers", "usage"]

@@ -18,10 +18,11 @@ sharing (usage with a half-life) and start-time fair queuing do:
 * **key** = (usage + dominant share held * look-ahead) / weight, smallest
   first;
 * **no credit for idling**: a tenant whose queue was empty joins the backlog
-  no lower than the lowest key among the tenants already waiting (start-time
-  fair queuing's virtual time).  Its usage is raised by the difference.  A tenant
-  that asked for nothing was denied nothing, and may not make up for it by
-  taking every slot for minutes.
+  with usage per weight no lower than the least among the tenants already
+  waiting (start-time fair queuing's virtual time), less :data:`CREDIT` grants
+  (a lag it may rightly carry from a moment between two requests).  Its usage
+  is raised by the difference.  A tenant that asked for nothing was denied
+  nothing, and may not make up for it by taking every slot for minutes.
 
 The bound (docs/manager.md, checked by tests/unit/test_fairshare.py against a
 simulator): while a set of tenants stays backlogged on a full server, a grant
@@ -52,6 +53,9 @@ HALF_LIFE = 600.0
 DEFAULT_HOLD = 30.0
 #: Weight of each new hold time in the smoothed mean.
 HOLD_SMOOTHING = 0.05
+#: A tenant joining the backlog may be this many grants (each its look-ahead) behind the
+#: least usage per weight among those waiting; more credit than that is dropped.
+CREDIT = 2.0
 #: Usage below this (dominant-share-seconds) is forgotten.
 NEGLIGIBLE = 1e-6
 
@@ -153,6 +157,7 @@ class HoldTime:
 
 
 __all__ = [
+    "CREDIT",
     "DEFAULT_HOLD",
     "HALF_LIFE",
     "HOLD_SMOOTHING",

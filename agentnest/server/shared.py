@@ -13,7 +13,9 @@ HTTP request on one replica).  What makes them one admission is the database:
   the request queues again with what the others hold read afresh.
 - Each replica reads what the others hold every second and counts it as held,
   so its queue waits for room they took and its fair order sees their
-  holdings.
+  holdings.  With it, it writes its tenants' remembered usage (fair share over
+  time, :mod:`agentnest.server.fairshare`) and reads the others': a tenant's
+  key counts its usage on every replica.
 - A replica's releases delete its rows with its next confirmation or its next
   refresh (within :data:`REFRESH`), whichever comes first.  The rows of a
   replica that stops answering are deleted by the sweep of the leader.
@@ -107,7 +109,12 @@ class SharedAdmission:
             await anyio.to_thread.run_sync(self.database.unhold, released)
             self._released.difference_update(released)
         held = await anyio.to_thread.run_sync(self.database.held_elsewhere, self.server)
-        self.admission.set_others(held)
+        # The remembered usage of fair share over time: this replica's written, the others' read.
+        half_life = self.admission.usage.half_life
+        mine = self.admission.own_usage()
+        await anyio.to_thread.run_sync(self.database.write_usage, self.server, mine, half_life)
+        others = await anyio.to_thread.run_sync(self.database.usage_elsewhere, self.server, half_life)
+        self.admission.set_others(held, others)
 
     async def run(self) -> None:
         """Until cancelled: :meth:`refresh` every :data:`REFRESH` seconds."""

@@ -152,8 +152,10 @@ async def test_a_higher_band_goes_first_and_a_low_band_ages_up_so_it_is_never_st
     assert high_task.done() and not low_task.done()
     adm.release(high_task.result())
     await low_task
-    # Aging: a low request queued long enough stands ahead of a fresh high one.
-    blocker = low_task.result()
+    # Aging: a low request queued long enough stands ahead of a fresh high one (the server held
+    # by a third tenant: low and high have used the same, so band and age decide).
+    adm.release(low_task.result())
+    blocker = await adm.acquire(tenant("z"), ONE, max_wait=0)
     old_low = adm.submit(low, ONE, max_wait=10)
     await asyncio.sleep(0.7)  # two aging steps: low -> normal -> high
     fresh_high = adm.submit(high, ONE, max_wait=10)
