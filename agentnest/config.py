@@ -39,11 +39,33 @@ __all__ = [
     "ResourceLimits",
     "SandboxConfig",
     "SnapshotMetadata",
+    "env_name_problem",
     "format_size",
     "parse_size",
 ]
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Longest environment variable name any surface accepts.
+MAX_ENV_NAME = 128
+
+
+def env_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be an environment variable name (None: it can).
+
+    The one rule of every surface (the SDK, the native API, the E2B face):
+    letters, digits and ``_``, not starting with a digit, at most
+    :data:`MAX_ENV_NAME` characters, and not ``AGENTNEST_*`` (the agent's own).
+    Anything else (NUL, ``=``, a newline, non-ASCII) would be cut or split by
+    ``execve``'s ``NAME=value`` strings and break every later command.
+    """
+    if not isinstance(name, str) or len(name) > MAX_ENV_NAME or not _ENV_NAME.fullmatch(name):
+        return (
+            f"environment name {str(name)[: MAX_ENV_NAME + 8]!r} is invalid; use letters, digits and '_', "
+            f"not starting with a digit, at most {MAX_ENV_NAME} characters"
+        )
+    if name.startswith("AGENTNEST_"):
+        return f"environment name {name!r} is reserved (AGENTNEST_ prefix)"
+    return None
 
 
 def _freeze_env(env: Mapping[str, str | Secret] | None) -> Mapping[str, str | Secret]:
@@ -53,12 +75,9 @@ def _freeze_env(env: Mapping[str, str | Secret] | None) -> Mapping[str, str | Se
         raise ConfigurationError("environment must be a mapping of names to str or Secret")
     out: dict[str, str | Secret] = {}
     for k, v in env.items():
-        if not isinstance(k, str) or not _ENV_NAME.match(k):
-            raise ConfigurationError(
-                f"environment name {k!r} is invalid; use letters, digits and '_', not starting with a digit"
-            )
-        if k.startswith("AGENTNEST_"):
-            raise ConfigurationError(f"environment name {k!r} is reserved (AGENTNEST_ prefix)")
+        problem = env_name_problem(k)
+        if problem is not None:
+            raise ConfigurationError(problem)
         if isinstance(v, Secret):
             raw = v.get_secret_value()
         elif isinstance(v, str):

@@ -37,6 +37,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise MissingDependencyError("agentnest serve needs FastAPI: pip install 'agentnest[server]'") from exc
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
@@ -44,7 +46,8 @@ from .._version import __version__
 from ..errors import AdmissionRefusedError, AgentNestError
 from . import schemas as s
 from .forward import Forward, Relay
-from .middleware import BodyLimit, Wrap, error_response
+from .inputs import json_safe
+from .middleware import BodyLimit, JsonBodies, Wrap, error_response
 from .refused import Refused
 from .routes import audit, channel, exec, files, health, sandboxes, sessions, tenants
 from .service import Service
@@ -148,6 +151,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     if e2b is not None:
         # Inside the body limit (E2B uploads get the upload limit), outside the routes.
         app.add_middleware(Wrap, wrap=e2b.wrap)
+    app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, upload_limit=settings.max_upload_bytes)
     # Before the body limit and the routes: a request for a sandbox another replica runs goes
     # there whole (that replica applies its own limits and checks the token).
@@ -157,6 +161,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         # Outermost: a request refused by the body limit is traced too.
         app.add_middleware(TracingMiddleware, tracing=service.tracing)
     app.exception_handler(AgentNestError)(_agentnest_error)
+    app.exception_handler(RequestValidationError)(_invalid)
     app.exception_handler(HTTPException)(_http_error)
     app.exception_handler(Exception)(_unexpected)
     for router in _ROUTERS:
@@ -173,6 +178,12 @@ async def _agentnest_error(request: Request, exc: AgentNestError) -> JSONRespons
     if isinstance(exc, AdmissionRefusedError) and exc.retry_after is not None:
         headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
     return error_response(status, code, str(exc), headers)
+
+
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    # FastAPI's own 422 shape, but renderable: its default handler raises on a NaN or an
+    # infinity it quotes back ('{"timeout": NaN}'), a 500 and a traceback for a client's typo.
+    return JSONResponse({"detail": json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

@@ -1,4 +1,4 @@
-"""The ASGI middleware of ``agentnest serve`` that is its own: the request body limit.
+"""The ASGI middleware of ``agentnest serve`` that is its own: the request body limit, JSON bodies.
 
 Every refusal here has the API's error shape (``{"detail", "code"}``), as the
 routes' own refusals do.
@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from .inputs import is_json, media_type
 from .refused import TooLarge
 
 
@@ -21,6 +22,17 @@ def error_response(
 ) -> JSONResponse:
     """An error answer in the API's shape."""
     return JSONResponse({"detail": detail, "code": code}, status_code=status, headers=dict(headers or {}))
+
+
+def is_upload(scope: Mapping[str, Any]) -> bool:
+    """Whether the request's body is bytes as they are (an upload), not JSON."""
+    path = str(scope.get("path", ""))
+    method = scope.get("method")
+    return (
+        (method == "PUT" and "/files/" in path)
+        or (method == "POST" and path.endswith("/restore"))
+        or (method == "POST" and path == "/files")  # the E2B face's uploads
+    )
 
 
 class BodyLimit:
@@ -38,15 +50,7 @@ class BodyLimit:
         self.upload_limit = upload_limit
 
     def _limit_for(self, scope: Mapping[str, Any]) -> int:
-        path = str(scope.get("path", ""))
-        method = scope.get("method")
-        if (
-            (method == "PUT" and "/files/" in path)
-            or (method == "POST" and path.endswith("/restore"))
-            or (method == "POST" and path == "/files")  # the E2B face's uploads
-        ):
-            return self.upload_limit
-        return self.limit
+        return self.upload_limit if is_upload(scope) else self.limit
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -76,6 +80,41 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+class JsonBodies:
+    """ASGI middleware: a native route's body (``/v1/...``, uploads aside) is JSON, or 415.
+
+    FastAPI parses a body as JSON only when the ``Content-Type`` says so (or
+    says nothing); another type left the model to fail with a confusing 422
+    ("Input should be a valid dictionary").  The E2B face's paths answer in
+    their own shapes (:mod:`.e2b`), so only ``/v1/`` is checked here.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if (
+            scope["type"] == "http"
+            and str(scope.get("path", "")).startswith("/v1/")
+            and scope.get("method") in ("POST", "PUT", "PATCH")
+            and not is_upload(scope)
+        ):
+            headers = dict(scope.get("headers", ()))
+            kind = headers.get(b"content-type", b"").decode("latin-1")
+            has_body = headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers
+            if has_body and not is_json(kind):
+                response = error_response(
+                    415,
+                    "invalid",
+                    f"unsupported Content-Type {media_type(kind)[:80]!r}: this route takes a JSON body "
+                    "(send Content-Type: application/json)",
+                    {"Accept": "application/json"},
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class Wrap:
     """ASGI middleware from a function that wraps an application (the E2B face's ``wrap``)."""
 
@@ -86,4 +125,4 @@ class Wrap:
         await self._app(scope, receive, send)
 
 
-__all__ = ["BodyLimit", "Wrap", "error_response"]
+__all__ = ["BodyLimit", "JsonBodies", "Wrap", "error_response", "is_upload"]

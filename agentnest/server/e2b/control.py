@@ -26,10 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...errors import AdmissionRefusedError, AgentNestError
+from ...errors import AdmissionRefusedError, AgentNestError, ConfigurationError
 from .. import schemas as s
 from ..auth import AuthError, Token
 from ..entries import Entry
+from ..inputs import check_env, check_metadata, is_json, media_type
 from ..refused import Refused
 from .state import ENVD_VERSION, Box, Boxes, E2BTemplate, secret_of
 
@@ -104,6 +105,9 @@ class ConnectIn(_Body):
 
 async def _json(request: Request, model: type[BaseModel]) -> Any:
     raw = await request.body()
+    kind = request.headers.get("content-type")
+    if raw and not is_json(kind):
+        raise E2BError(415, f"unsupported Content-Type {media_type(kind)[:80]!r}: send application/json")
     try:
         return model.model_validate_json(raw or b"{}")
     except ValidationError as exc:
@@ -247,6 +251,12 @@ class ControlPlane:
         for field, what in (("auto_pause", "autoPause"), ("mcp", "mcp"), ("volume_mounts", "volumeMounts")):
             if getattr(body, field):
                 raise E2BError(400, f"{what} is not supported by AgentNest")
+        try:
+            # The native API's rule for names: a NUL or '=' in one would break every command later.
+            check_env(body.env_vars or {}, "envVars")
+            check_metadata(body.metadata or {})
+        except ConfigurationError as exc:
+            raise E2BError(400, str(exc)) from None
         key = request.headers.get("idempotency-key")
         if key:
             now = time.time()

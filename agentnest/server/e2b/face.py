@@ -40,7 +40,7 @@ from . import filesystem, process
 from .control import ControlPlane, E2BError, e2b_error, unsupported
 from .files import download, envd_error, upload
 from .interpreter import Interpreter
-from .rpc import CURRENT, not_found_message
+from .rpc import CURRENT, not_found_message, rpc_refusal
 from .state import Box, Boxes
 from .wire import JSONCodec
 
@@ -89,6 +89,16 @@ class E2BFace:
         self._filesystem = _ConnectApp(
             filesystem.FilesystemService(), filesystem.endpoints, "/filesystem.Filesystem"
         )
+        # Each RPC's kind, to refuse an unknown method or a content type the Connect app cannot
+        # serve before it runs (gRPC would need trailers: it answered 200 and raised).
+        self._rpc_kinds = {
+            path: ep.method.stream_type
+            for eps in (
+                process.endpoints(process.ProcessService()),
+                filesystem.endpoints(filesystem.FilesystemService()),
+            )
+            for path, ep in eps.items()
+        }
         domain = settings.e2b_domain
         self._host = (
             re.compile(rf"(\d{{1,5}})-([a-z0-9]{{1,64}})\.{re.escape(domain)}(?::\d+)?") if domain else None
@@ -216,6 +226,9 @@ class E2BFace:
             return envd_error(405, f"{request.method} /files is not allowed")
         app = self._process if path.startswith(_DATA_PREFIXES[0]) else self._filesystem
         if path.startswith(_DATA_PREFIXES) and request.method == "POST":
+            refused = rpc_refusal(self._rpc_kinds.get(path), path, request.headers.get("content-type"))
+            if refused is not None:
+                return refused
             reset = CURRENT.set(owner)
             try:
                 await app(scope, receive, send)

@@ -2,9 +2,10 @@
 
 Errors are envd's JSON ``{"code", "message"}`` with the statuses the SDK maps
 to its exceptions (400 a directory or bad input, 401 an unknown user, 403 a
-path outside the workspace, 404 missing, 413 over the file limit, 507 the
-workspace full).  Uploads are bounded by the server's upload limit as they
-arrive and by the sandbox policy's ``max_file_bytes`` per file.
+path outside the workspace, 404 missing, 413 over the file limit, 415 a
+content type other than multipart or octet-stream, 507 the workspace full).
+Uploads are bounded by the server's upload limit as they arrive and by the
+sandbox policy's ``max_file_bytes`` per file.
 """
 
 from __future__ import annotations
@@ -126,8 +127,11 @@ async def upload(request: Request, owner: Box, limit: int) -> Response:
                 return envd_error(400, f"unsupported Content-Encoding {encoding[:40]!r}: send gzip or none")
             written.append(await _write(owner, query_path, data))
         else:
+            # envd answers 400 here; 415 is what the status means, and no stock SDK sends another type.
             return envd_error(
-                400, f"unsupported Content-Type {kind[:80]!r}: send multipart/form-data or octet-stream"
+                415,
+                f"unsupported Content-Type {kind[:80]!r}: "
+                "send multipart/form-data or application/octet-stream",
             )
     except AgentNestError as exc:
         return error_response(exc)

@@ -19,15 +19,16 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ...aio import AsyncPythonSession
-from ...errors import AgentNestError
+from ...errors import AgentNestError, ConfigurationError
 from ...session import DisplayItem, SessionResult
+from ..inputs import check_env, confine, is_json, media_type
 from ..service import MAX_SESSIONS
 from .state import Box
 
@@ -62,6 +63,9 @@ class Context:
         return {"id": self.id, "language": "python", "cwd": owner.e2b_path(self.cwd)}
 
 
+_M = TypeVar("_M", bound=BaseModel)
+
+
 class ExecuteIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -94,9 +98,13 @@ class Interpreter:
         entry = owner.entry
         if len(entry.sessions) >= MAX_SESSIONS:
             raise _Refused(429, f"a sandbox has at most {MAX_SESSIONS} sessions; remove a context first")
+        try:
+            # Confined before the session opens: a context at "../../.." would start at "/".
+            where = confine(owner.workdir, owner.sandbox_path(cwd), cwd)
+        except ConfigurationError as exc:
+            raise _Refused(400, str(exc)) from None
         session = await entry.sandbox.python_session()
         entry.sessions[session.id] = session
-        where = owner.sandbox_path(cwd)
         context = Context(session.id, where, session)
         if where != owner.workdir:
             try:
@@ -129,28 +137,30 @@ class Interpreter:
             return context
 
     async def execute(self, request: Request, owner: Box) -> Response:
+        body: ExecuteIn
         try:
-            body = ExecuteIn.model_validate_json(await request.body())
-        except ValidationError as exc:
-            return PlainTextResponse(f"malformed request: {exc.errors()[0].get('msg', 'invalid')}", 400)
+            body = await _body(request, ExecuteIn)
+            check_env(body.env_vars or {}, "env_vars")
+        except _Refused as exc:
+            return _refused(exc.status, exc.message)
+        except ConfigurationError as exc:
+            return _refused(400, str(exc))
         if body.context_id is not None and body.language is not None:
-            return PlainTextResponse(
-                "You can provide context_id or language, but not both at the same time.", 400
-            )
+            return _refused(400, "You can provide context_id or language, but not both at the same time.")
         problem = _language_problem(body.language)
         if problem is not None:
-            return PlainTextResponse(problem, 400)
+            return _refused(400, problem)
         try:
             if body.context_id is not None:
                 context = owner.contexts.get(body.context_id)
                 if context is None:
-                    return PlainTextResponse(f"Context {body.context_id[:128]} not found", 404)
+                    return _refused(404, f"Context {body.context_id[:128]} not found")
             else:
                 context = await self._default(owner)
         except _Refused as exc:
-            return PlainTextResponse(exc.message, exc.status)
+            return _refused(exc.status, exc.message)
         except AgentNestError as exc:
-            return PlainTextResponse(f"cannot open the Python session: {exc}", 502)
+            return _refused(502, f"cannot open the Python session: {exc}")
         return StreamingResponse(
             self._run(owner, context, body),
             media_type="application/x-ndjson",
@@ -185,23 +195,23 @@ class Interpreter:
             return JSONResponse([c.out(owner) for c in owner.contexts.values()])
         if rest == "" and method == "POST":
             try:
-                body = ContextIn.model_validate_json(await request.body() or b"{}")
-            except ValidationError as exc:
-                return PlainTextResponse(f"malformed request: {exc.errors()[0].get('msg', 'invalid')}", 400)
+                body = await _body(request, ContextIn)
+            except _Refused as exc:
+                return _refused(exc.status, exc.message)
             problem = _language_problem(body.language)
             if problem is not None:
-                return PlainTextResponse(problem, 400)
+                return _refused(400, problem)
             try:
                 context = await self._open(owner, body.cwd)
             except _Refused as exc:
-                return PlainTextResponse(exc.message, exc.status)
+                return _refused(exc.status, exc.message)
             except AgentNestError as exc:
-                return PlainTextResponse(f"cannot open the Python session: {exc}", 502)
+                return _refused(502, f"cannot open the Python session: {exc}")
             return JSONResponse(context.out(owner))
         context_id, _, action = rest.partition("/")
         found = owner.contexts.get(context_id)
         if found is None:
-            return PlainTextResponse(f"Context {context_id[:128]} not found", 404)
+            return _refused(404, f"Context {context_id[:128]} not found")
         context = found
         try:
             if method == "DELETE" and not action:
@@ -217,8 +227,8 @@ class Interpreter:
                         )
                 return Response(status_code=204)
         except AgentNestError as exc:
-            return PlainTextResponse(f"the Python session failed: {exc}", 502)
-        return PlainTextResponse(f"{method} /contexts/{rest[:100]} is not a route", 404)
+            return _refused(502, f"the Python session failed: {exc}")
+        return _refused(404, f"{method} /contexts/{rest[:100]} is not a route")
 
 
 class _Refused(Exception):
@@ -226,6 +236,24 @@ class _Refused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def _refused(status: int, message: str) -> Response:
+    """An error as the code interpreter's server (FastAPI) answers one: ``{"detail": message}``."""
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+async def _body(request: Request, model: type[_M]) -> _M:
+    """The request's JSON body as ``model`` (415 for another content type, 400 for bad JSON)."""
+    kind = request.headers.get("content-type")
+    if not is_json(kind):
+        raise _Refused(415, f"unsupported Content-Type {media_type(kind)[:80]!r}: send application/json")
+    try:
+        return model.model_validate_json(await request.body() or b"{}")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise _Refused(400, f"malformed request: {where}: {first.get('msg', 'invalid')}") from None
 
 
 _ESCAPE = re.compile(r"^[ \t]*(?:!|%pip |%conda )", re.MULTILINE)

@@ -27,7 +27,8 @@ from connectrpc.method import StreamType
 from connectrpc.server import Endpoint
 
 from ...aio import AsyncExecutionStream
-from ...errors import AgentNestError, ExecutionTimeoutError
+from ...errors import AgentNestError, ConfigurationError, ExecutionTimeoutError
+from ..inputs import check_env, confine
 from . import wire as w
 from .rpc import box, check_user, endpoint, keepalive_interval
 from .state import Box
@@ -167,6 +168,12 @@ class ProcessService:
         config = request.process
         if not config.cmd:
             raise ConnectError(Code.INVALID_ARGUMENT, "process.cmd is empty")
+        try:
+            # envd answers a bad cwd with invalid_argument; here one outside the workspace is bad too.
+            cwd = confine(owner.workdir, owner.sandbox_path(config.cwd), config.cwd)
+            check_env(config.envs, "process.envs")
+        except ConfigurationError as exc:
+            raise ConnectError(Code.INVALID_ARGUMENT, str(exc)) from None
         timeout_ms = ctx.timeout_ms
         size = request.pty.size if request.pty is not None else None
         pty = (size.rows or 24, size.cols or 80) if request.pty is not None and size is not None else None
@@ -176,7 +183,7 @@ class ProcessService:
             [config.cmd, *config.args],
             timeout=None if timeout_ms is None else max(timeout_ms / 1000.0, 0.001),
             env={**owner.env, **config.envs},
-            cwd=owner.sandbox_path(config.cwd),
+            cwd=cwd,
             interactive=bool(request.stdin),
             pty=pty,
             display_command=_display(config),

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextvars
-from collections.abc import AsyncIterator, Awaitable, Callable
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from connectrpc.method import StreamType
 from connectrpc.server import Endpoint
+from starlette.responses import JSONResponse, Response
 
 from ...errors import (
     AgentNestError,
@@ -20,6 +22,7 @@ from ...errors import (
     SandboxPausedError,
 )
 from .. import schemas as s
+from ..inputs import media_type
 from .state import Box, basic_user, user_problem
 from .wire import Msg, method
 
@@ -139,4 +142,46 @@ def keepalive_interval(ctx: Any) -> float:
         asked = float(ctx.request_headers.get("keepalive-ping-interval", KEEPALIVE))
     except ValueError:
         asked = KEEPALIVE
+    if not math.isfinite(asked):  # "nan" parses, and min/max pass NaN through
+        asked = KEEPALIVE
     return min(max(asked, 1.0), 90.0)
+
+
+def connect_refusal(
+    status: int, code: Code, message: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    """A Connect error body (``{"code", "message"}``) with an HTTP status, for a request no RPC serves."""
+    return JSONResponse(
+        {"code": code.value, "message": message}, status_code=status, headers=dict(headers or {})
+    )
+
+
+#: The content type each kind of RPC is served in (the JSON codec only, as E2B clients send).
+_SERVED = {StreamType.UNARY: "application/json"}
+_STREAMED = "application/connect+json"
+
+
+def rpc_refusal(kind: StreamType | None, path: str, content_type: str | None) -> Response | None:
+    """Why the Connect app cannot serve this call (None: it can).
+
+    An unknown method is a Connect error ``unimplemented`` with 404 (the
+    status the protocol maps to it); a content type other than Connect's
+    JSON is 415, code ``unknown`` (what the protocol maps 415 to), with
+    ``Accept-Post`` naming the one that works: gRPC and gRPC-Web need HTTP
+    trailers this server does not send, and only the JSON codec is served.
+    """
+    if kind is None:
+        return connect_refusal(
+            404, Code.UNIMPLEMENTED, f"no RPC {path[:120]}: see docs/e2b.md for the envd RPCs served"
+        )
+    wanted = _SERVED.get(kind, _STREAMED)
+    given = media_type(content_type)
+    if given == wanted:
+        return None
+    return connect_refusal(
+        415,
+        Code.UNKNOWN,
+        f"unsupported Content-Type {given[:80]!r} for {path[:120]}: send {wanted!r} "
+        "(the Connect protocol with JSON; gRPC, gRPC-Web and binary protobuf are not served)",
+        {"Accept-Post": wanted},
+    )

@@ -13,7 +13,7 @@ follows.
 # No ``from __future__ import annotations``: FastAPI reads the route annotations as objects.
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
@@ -21,6 +21,7 @@ from ...errors import RuntimeNotAvailableError
 from .. import schemas as s
 from ..auth import Token
 from ..db import MAX_PAGE, EventQuery
+from ..inputs import MAX_UNIX_TIME
 from ..recorder import Recorder
 from ..refused import Refused
 from ..service import Service
@@ -31,7 +32,15 @@ MAX_WAIT = 30.0
 #: How often a long poll looks for what another replica wrote.
 _POLL = 0.5
 
+#: The largest cursor (a database id is a signed 64-bit integer).
+MAX_CURSOR = 2**63 - 1
+
 router = APIRouter(tags=["audit"], responses=ERRORS)
+
+
+def _time(description: str) -> Any:
+    """A Unix time in a query: finite, 0 to MAX_UNIX_TIME ("nan", "inf" and -1e308 are typos, not windows)."""
+    return Query(ge=0, le=MAX_UNIX_TIME, allow_inf_nan=False, description=description)
 
 
 @router.get("/v1/audit", response_model=s.AuditPage)
@@ -41,9 +50,11 @@ async def audit(
     tenant: Annotated[str | None, Query(max_length=64)] = None,
     sandbox: Annotated[str | None, Query(max_length=80, description="an id or a prefix of one")] = None,
     type: Annotated[list[str] | None, Query(max_length=64, description="repeatable")] = None,
-    since: Annotated[float | None, Query(description="Unix seconds")] = None,
-    until: Annotated[float | None, Query(description="Unix seconds (exclusive)")] = None,
-    after: Annotated[int, Query(ge=0, description="the cursor: only events after this id")] = 0,
+    since: Annotated[float | None, _time("Unix seconds")] = None,
+    until: Annotated[float | None, _time("Unix seconds (exclusive)")] = None,
+    after: Annotated[
+        int, Query(ge=0, le=MAX_CURSOR, description="the cursor: only events after this id")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT, description="long poll: seconds to wait")] = 0.0,
 ) -> s.AuditPage:
@@ -81,8 +92,8 @@ async def usage(
     service: ServiceDep,
     token: TokenDep,
     tenant: Annotated[str | None, Query(max_length=64)] = None,
-    since: Annotated[float | None, Query(description="Unix seconds (default: 24 hours ago)")] = None,
-    until: Annotated[float | None, Query(description="Unix seconds (default: now)")] = None,
+    since: Annotated[float | None, _time("Unix seconds (default: 24 hours ago)")] = None,
+    until: Annotated[float | None, _time("Unix seconds (default: now)")] = None,
 ) -> s.UsageList:
     """Usage per tenant over a window: creates, sandbox-, CPU- and memory-seconds, rejections."""
     rec = _recorder(service)
