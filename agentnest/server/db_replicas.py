@@ -146,11 +146,12 @@ class ReplicaQueries:
         # whatever carries that label now: never hand it to the backends for removal.
         return sorted({f"{row.host}:{row.pid}" for row in stale} - alive), closed
 
-    def owner_url(self, sandbox_id: str, server: str) -> str | None:
-        """The URL of the live server other than ``server`` that runs ``sandbox_id``, if any."""
+    def owner_url(self, sandbox_id: str, server: str) -> tuple[str, str | None] | None:
+        """The URL of the live server other than ``server`` that runs ``sandbox_id``, if any, and the
+        id of the token the sandbox belongs to."""
         with self._begin() as conn:
             row = conn.execute(
-                sa.select(servers.c.url)
+                sa.select(servers.c.url, sandboxes.c.token)
                 .join(sandboxes, sandboxes.c.server == servers.c.server)
                 .where(
                     sandboxes.c.sandbox_id == sandbox_id,
@@ -159,7 +160,7 @@ class ReplicaQueries:
                     servers.c.url.is_not(None),
                 )
             ).first()
-        return None if row is None else str(row.url)
+        return None if row is None else (str(row.url), row.token)
 
     def forget_others(self, server: str) -> list[str]:
         """Forget every server but ``server`` and free what they held; their owners (``host:pid``).

@@ -6,8 +6,11 @@ for a sandbox this replica does not run is looked up in the database (its open
 row names the server, the server's heartbeat row its URL) and relayed there:
 HTTP requests with their bodies streamed both ways (event streams included),
 and the agent channel's websocket message by message.  The replica that runs
-the sandbox authenticates the request itself, with the same token: nothing is
-decided here, so forwarding widens no one's rights.
+the sandbox authenticates the request itself, with the same token, so forwarding
+widens no one's rights.  Before relaying, this replica only checks that the
+credential is the sandbox's own token (the database row names it): anything else
+is answered here as for an id that does not exist, so the relay is no existence
+oracle (the E2B data plane excepted: see :meth:`Relay.owner`).
 
 A request that was forwarded once is never forwarded again (the
 ``X-AgentNest-Forwarded-By`` header), so two replicas that disagree cannot
@@ -31,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ..errors import AgentNestError
+from .auth import AuthError
+from .e2b.state import secret_of
 
 if TYPE_CHECKING:
     from .service import Service
@@ -48,6 +53,8 @@ _PATH = re.compile(r"^/v1/sandboxes/([^/]{1,64})(?:/|$)")
 # its data plane in a header.
 _E2B_PATH = re.compile(r"^/(?:v2/)?sandboxes/([^/]{1,64})(?:/|$)")
 _E2B_HEADER = b"e2b-sandbox-id"
+#: What :meth:`Relay._caller` says of an E2B data-plane request (no API key to check here).
+_DATA_PLANE = object()
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the relay sets itself.
 _HOP = frozenset(
     {
@@ -107,13 +114,15 @@ class Relay:
 
     def __init__(self, service: Service) -> None:
         self.service = service
-        self._owners: dict[str, tuple[str, float]] = {}
+        self._owners: dict[str, tuple[str, str | None, float]] = {}
+        """Sandbox id: (its replica's URL, its token's id, until when this is trusted)."""
         self._client: Any = None
         self.forwarded = 0
         """Requests relayed to another replica."""
 
     async def owner(self, scope: Scope) -> str | None:
-        """The base URL of the replica that runs the sandbox ``scope`` is for, if another does."""
+        """The base URL of the replica that runs the sandbox ``scope`` is for, if another does and
+        the request's credential is the sandbox's own (see :meth:`_caller`)."""
         service = self.service
         recorder = service.recorder
         if service.shared is None or recorder is None:
@@ -125,20 +134,51 @@ class Relay:
             return None
         known = self._owners.get(sandbox_id)
         now = time.monotonic()
-        if known is not None and known[1] > now:
-            return known[0]
-        try:
-            url = await anyio.to_thread.run_sync(recorder.database.owner_url, sandbox_id, recorder.server)
-        except AgentNestError as exc:
-            log.warning("looking up the server of sandbox %s: %s", sandbox_id, exc)
-            return None  # answered here: 404, as without replicas
-        if url is None:
-            self._owners.pop(sandbox_id, None)
+        if known is None or known[2] <= now:
+            try:
+                found = await anyio.to_thread.run_sync(
+                    recorder.database.owner_url, sandbox_id, recorder.server
+                )
+            except AgentNestError as exc:
+                log.warning("looking up the server of sandbox %s: %s", sandbox_id, exc)
+                return None  # answered here: 404, as without replicas
+            if found is None:
+                self._owners.pop(sandbox_id, None)
+                return None
+            if len(self._owners) > 10_000:
+                self._owners.clear()  # bounded; it is only a cache
+            known = self._owners[sandbox_id] = (found[0].rstrip("/"), found[1], now + OWNER_TTL)
+        base, token_id, _ = known
+        caller = self._caller(scope)
+        # No existence oracle across replicas: a request whose credential is missing, wrong or
+        # another token's is answered here, exactly as for an id that never existed (401 or 404),
+        # never relayed (a relay would answer 503 while the other replica is down, or answer later).
+        # The E2B data plane is the exception: only the owning replica knows the sandbox's access
+        # token, so those requests are relayed and checked there (docs/e2b.md).
+        if caller is not _DATA_PLANE and (caller is None or caller != token_id):
             return None
-        if len(self._owners) > 10_000:
-            self._owners.clear()  # bounded; it is only a cache
-        self._owners[sandbox_id] = (url.rstrip("/"), now + OWNER_TTL)
-        return url.rstrip("/")
+        return base
+
+    def _caller(self, scope: Scope) -> object:
+        """The id of the token the request's credential names (``None``: none, or not one of ours),
+        or :data:`_DATA_PLANE` for an E2B data-plane request (authenticated by the sandbox's
+        access token, which only the owning replica holds)."""
+        path = str(scope.get("path", ""))
+        native = _PATH.match(path) is not None
+        e2b = not native and _E2B_PATH.match(path) is not None
+        if not native and not e2b:
+            return _DATA_PLANE
+        headers = {key.lower(): value for key, value in scope.get("headers", ())}
+        key = headers.get(b"x-api-key", b"").decode("latin-1").strip() if e2b else ""
+        if not key:
+            scheme, _, value = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            key = value.strip() if scheme.lower() == "bearer" else ""
+        if not key:
+            return None
+        try:
+            return self.service.settings.tokens.authenticate(secret_of(key) if e2b else key).id
+        except AuthError:
+            return None
 
     def _headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
         headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() not in _HOP]

@@ -416,3 +416,75 @@ def test_a_replica_restarted_on_its_host_reconciles_at_once(
         other.stop()
         if restarted is not None:
             restarted.stop()
+
+
+@pytest.fixture
+def foreign(tmp_path: Path, postgres_server: Any) -> Iterator[tuple[Replica, Replica, str, str]]:
+    """Two replicas and two tokens: the sandbox's owner and another one."""
+    database = postgres_server.create_database(
+        f"foreign_{os.getpid()}_{tmp_path.name[-12:]}".replace("-", "_")
+    )
+    store = TokenStore(tmp_path / "tokens.json")
+    _, owner = store.create("owner", Ceiling(max_sandboxes=4, max_memory=64 << 20))
+    _, other = store.create("other", Ceiling(max_sandboxes=4, max_memory=64 << 20))
+    first = Replica(database, tmp_path / "tokens.json", tmp_path / "a.log")
+    second = Replica(database, tmp_path / "tokens.json", tmp_path / "b.log")
+    try:
+        yield first, second, owner, other
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_the_relay_tells_no_one_but_the_owner_that_a_sandbox_exists(
+    foreign: tuple[Replica, Replica, str, str], docker_client: Any
+) -> None:
+    """While the replica that runs a sandbox is down (killed, not yet swept), its owner asking
+    another replica gets 503 ``replica_unavailable``; anyone else (another token, none, a wrong
+    one) gets exactly the answer of an id that never existed, on the native API and the E2B
+    control plane: the relay checks the credential before it relays."""
+    doomed, survivor, owner, other = foreign
+    made = httpx.post(
+        f"{doomed.url}/v1/sandboxes",
+        json={"memory": "64m"},
+        headers={"Authorization": f"Bearer {owner}"},
+        timeout=60,
+    )
+    assert made.status_code == 201, made.text
+    sid, missing = made.json()["id"], "0123456789ab"
+
+    def native(sandbox: str, credential: str | None) -> tuple[int, str]:
+        headers = {"Authorization": f"Bearer {credential}"} if credential else {}
+        answer = httpx.get(f"{survivor.url}/v1/sandboxes/{sandbox}", headers=headers, timeout=30)
+        return answer.status_code, answer.text.replace(sandbox, "<id>")
+
+    def e2b(sandbox: str, credential: str | None) -> tuple[int, str]:
+        headers = {"X-API-KEY": credential} if credential else {}
+        answer = httpx.get(f"{survivor.url}/sandboxes/{sandbox}", headers=headers, timeout=30)
+        return answer.status_code, answer.text.replace(sandbox, "<id>")
+
+    assert native(sid, owner)[0] == 200 and e2b(sid, owner)[0] == 200  # relayed while it runs
+    doomed.proc.send_signal(signal.SIGKILL)
+    assert doomed.proc.wait(10) == -signal.SIGKILL
+    # Judged only between two owner requests that both found the dead replica unswept.
+    bracketed = False
+    while not bracketed:
+        before = native(sid, owner)[0]
+        if before != 503:
+            break  # swept already: nothing left to tell (fails below)
+        answers = {
+            (face.__name__, who): (face(sid, cred), face(missing, cred))
+            for face in (native, e2b)
+            for who, cred in (("other", other), ("none", None), ("wrong", "not-a-token"))
+        }
+        bracketed = native(sid, owner)[0] == 503 and e2b(sid, owner)[0] == 503
+    assert bracketed, "the survivor swept the dead replica before the relay could be judged"
+    for case, (live, never) in answers.items():
+        assert live == never, (case, live, never)
+        assert live[0] in (401, 404), (case, live)
+    # The survivor ends the dead one's sandbox; nothing is left on the engine.
+    wait_until(
+        lambda: not _containers(docker_client, doomed.owner),
+        "the dead replica's containers being removed by the survivor",
+        within=TIMEOUT * 6 + 30,
+    )
