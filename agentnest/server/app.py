@@ -45,6 +45,7 @@ from starlette.exceptions import HTTPException
 from .._version import __version__
 from ..errors import AdmissionRefusedError, AgentNestError
 from . import schemas as s
+from .disconnect import CancelOnDisconnect
 from .forward import Forward, Relay
 from .inputs import json_safe
 from .middleware import BodyLimit, JsonBodies, Wrap, error_response
@@ -160,6 +161,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
     if service.tracing.enabled:
         # Outermost: a request refused by the body limit is traced too.
         app.add_middleware(TracingMiddleware, tracing=service.tracing)
+    # Outermost of all: a request whose client goes away is cancelled, wherever it is
+    # (a command, a queued create, an upload, a relay to another replica).
+    app.add_middleware(CancelOnDisconnect)
     app.exception_handler(AgentNestError)(_agentnest_error)
     app.exception_handler(RequestValidationError)(_invalid)
     app.exception_handler(HTTPException)(_http_error)

@@ -222,7 +222,8 @@ class E2BFace:
             if request.method == "GET":
                 return await download(request, owner)
             if request.method == "POST":
-                return await upload(request, owner, self.settings.max_upload_bytes)
+                with owner.entry.lease.held():  # an upload under way is use, until its client goes
+                    return await upload(request, owner, self.settings.max_upload_bytes)
             return envd_error(405, f"{request.method} /files is not allowed")
         app = self._process if path.startswith(_DATA_PREFIXES[0]) else self._filesystem
         if path.startswith(_DATA_PREFIXES) and request.method == "POST":

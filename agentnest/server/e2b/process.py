@@ -6,7 +6,9 @@ and with its whole process tree killed at its timeout (the Start call's
 ``connect-timeout-ms``, which is how E2B clients send ``timeout=``).  It is
 owned by the sandbox, not by the request: a client that disconnects from a
 background command leaves it running, and ``Connect`` (by pid or tag)
-attaches to its output from then on, as envd does.  Output travels as
+attaches to its output from then on, as envd does.  What holds the
+sandbox's lease is an attached client, not the command: a command whose
+clients are all gone does not keep an idle or session lease from lapsing.  Output travels as
 UTF-8 text (redaction works on text; invalid bytes are replaced).
 
 Pids are the face's own numbers (from 1001), unique per sandbox; they are
@@ -28,6 +30,7 @@ from connectrpc.server import Endpoint
 
 from ...aio import AsyncExecutionStream
 from ...errors import AgentNestError, ConfigurationError, ExecutionTimeoutError
+from ..entries import Lease
 from ..inputs import check_env, confine
 from . import wire as w
 from .rpc import box, check_user, endpoint, keepalive_interval
@@ -68,21 +71,19 @@ class Proc:
         code: int | None = None
         error: str | None = None
         timed_out = False
-        entry = owner.entry
         try:
-            with entry.lease.held():  # a running command is use: an idle lease does not lapse under it
-                async for chunk in self.stream:
-                    if chunk.stream == "status":
-                        code = chunk.exit_code
-                    elif chunk.data:
-                        data = chunk.data.encode("utf-8")
-                        if self.pty:
-                            event = w.DataEvent(pty=data)
-                        elif chunk.stream == "stdout":
-                            event = w.DataEvent(stdout=data)
-                        else:
-                            event = w.DataEvent(stderr=data)
-                        self._send(w.ProcessEvent(data=event))
+            async for chunk in self.stream:
+                if chunk.stream == "status":
+                    code = chunk.exit_code
+                elif chunk.data:
+                    data = chunk.data.encode("utf-8")
+                    if self.pty:
+                        event = w.DataEvent(pty=data)
+                    elif chunk.stream == "stdout":
+                        event = w.DataEvent(stdout=data)
+                    else:
+                        event = w.DataEvent(stderr=data)
+                    self._send(w.ProcessEvent(data=event))
         except ExecutionTimeoutError as exc:
             timed_out = True
             error = str(exc)
@@ -95,20 +96,26 @@ class Proc:
             with contextlib.suppress(Exception):
                 await self.stream.aclose()
 
-    async def events(self, queue: asyncio.Queue[w.ProcessEvent], ctx: Any) -> AsyncIterator[w.EventResponse]:
-        """The start event, then the command's events until its end (keepalives while quiet)."""
+    async def events(
+        self, queue: asyncio.Queue[w.ProcessEvent], ctx: Any, lease: Lease
+    ) -> AsyncIterator[w.EventResponse]:
+        """The start event, then the command's events until its end (keepalives while quiet).
+
+        The stream holds the sandbox's ``lease`` while its client is attached: a command with
+        no client left does not (an idle or session lease lapses under it, ending it)."""
         interval = keepalive_interval(ctx)
         try:
-            yield w.EventResponse(event=w.ProcessEvent(start=w.StartEvent(pid=self.pid)))
-            while True:
-                try:
-                    event = await asyncio.wait_for(queue.get(), interval)
-                except asyncio.TimeoutError:
-                    yield w.EventResponse(event=w.ProcessEvent(keepalive=w.Empty()))
-                    continue
-                yield w.EventResponse(event=event)
-                if event.end is not None:
-                    return
+            with lease.held():
+                yield w.EventResponse(event=w.ProcessEvent(start=w.StartEvent(pid=self.pid)))
+                while True:
+                    try:
+                        event = await asyncio.wait_for(queue.get(), interval)
+                    except asyncio.TimeoutError:
+                        yield w.EventResponse(event=w.ProcessEvent(keepalive=w.Empty()))
+                        continue
+                    yield w.EventResponse(event=event)
+                    if event.end is not None:
+                        return
         finally:
             # A client that goes away detaches; the command runs on (envd's semantics).
             self.subscribers.discard(queue)
@@ -194,12 +201,13 @@ class ProcessService:
         queue = proc.subscribe()
         owner.processes[proc.pid] = proc
         owner.spawn(proc.pump(owner))
-        async for response in proc.events(queue, ctx):
+        async for response in proc.events(queue, ctx, owner.entry.lease):
             yield response
 
     async def connect(self, request: w.ConnectRequest, ctx: Any) -> AsyncIterator[w.EventResponse]:
-        proc = _find(box(), request.process)
-        async for response in proc.events(proc.subscribe(), ctx):
+        owner = box()
+        proc = _find(owner, request.process)
+        async for response in proc.events(proc.subscribe(), ctx, owner.entry.lease):
             yield response
 
     async def list(self, request: w.Empty, ctx: Any) -> w.ListResponse:

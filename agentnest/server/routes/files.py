@@ -75,8 +75,9 @@ async def write_file(
 ) -> Response:
     """Write the request body to a workspace file (parents created, atomically replaced)."""
     entry = await owned(service, token, sandbox_id)
-    data = await request.body()
-    await entry.sandbox.write_file(path, data)
+    with entry.lease.held():  # an upload under way is use (until it ends or its client goes)
+        data = await request.body()
+        await entry.sandbox.write_file(path, data)
     return Response(status_code=204)
 
 
@@ -133,10 +134,11 @@ async def restore(
     entry = await owned(service, token, sandbox_id)
     target = service.work_dir / f"restore-{uuid.uuid4().hex}.tar"
     try:
-        async with await anyio.open_file(target, "wb") as out:
-            async for chunk in request.stream():
-                await out.write(chunk)
-        meta = await entry.sandbox.restore(target)
+        with entry.lease.held():  # an upload under way is use (until it ends or its client goes)
+            async with await anyio.open_file(target, "wb") as out:
+                async for chunk in request.stream():
+                    await out.write(chunk)
+            meta = await entry.sandbox.restore(target)
     finally:
         target.unlink(missing_ok=True)
     return s.RestoreOut(image=meta.image or None, files=meta.files, size=meta.size, sha256=meta.sha256)
