@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -368,10 +369,13 @@ async def _stream(session: AsyncPythonSession, code: str) -> AsyncIterator[bytes
             yield item
     finally:
         if not task.done():
-            # The client went away mid-run: interrupt the code (the session stays).
-            await stream.aclose()
+            # The client went away mid-run: interrupt the code (the session stays).  The pump's
+            # cancellation does it (and closes the stream once its fetch returned: closing it
+            # first, from here, would close a generator its thread is still running).
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(task, return_exceptions=True)
+                await stream.aclose()
     result = stream.result
     if result is not None:
         for doc in _results(result):
