@@ -7,7 +7,9 @@ prints once a marker file exists in the sandbox, or the server holding the lease
 it with SIGKILL.  Within lease + 5 s of the kill its sandbox is gone (the server's record, its
 tenant's quota and the container), and a command it was running had its process tree killed
 at the disconnect, long before the sandbox was reaped (seen with ``docker top``, which does
-not touch the sandbox's lease).  A create it left queued leaves the queue.
+not touch the sandbox's lease).  A create it left queued leaves the queue.  An E2B background
+command (envd's ``Process.Start``) runs on as envd has it, but holds the lease only while its
+client's stream is attached.
 """
 
 from __future__ import annotations
@@ -101,11 +103,16 @@ elif case == "execute":
     code = "import subprocess\\nopen('started', 'w').close()\\nsubprocess.run(['sleep', '985'])"
     threading.Thread(target=sbx.run_code, args=(code,), kwargs={"timeout": 600}, daemon=True).start()
     wait_started(lambda: sbx.files.exists("started"))
+elif case == "envd":
+    from e2b import Sandbox
+    sbx = Sandbox.connect(sid)
+    command = sbx.commands.run("touch started; sleep 984", background=True, timeout=600)
+    wait_started(lambda: sbx.files.exists("started"))
 say("ready")
 sys.stdin.read()
 """
 
-CASES = ["idle", "session", "exec", "stream", "upload", "execute", "queued"]
+CASES = ["idle", "session", "exec", "stream", "upload", "execute", "envd", "queued"]
 
 
 @pytest.fixture
@@ -129,7 +136,7 @@ def server(tmp_path: Path, database_url: str) -> Iterator[tuple[str, str, Servic
 
 def _client(case: str, url: str, secret: str) -> subprocess.Popen[str]:
     python, env = sys.executable, dict(os.environ)
-    if case == "execute":
+    if case in ("execute", "envd"):
         from e2b.sdks import MATRIX, NEWEST, sdk_venv, unsupported_reason  # tests/e2b
 
         reason = unsupported_reason()
@@ -206,7 +213,7 @@ def test_a_killed_client_leaves_no_sandbox_and_no_quota(
                 )
             else:
                 entry = service.entries[sandbox]
-                if case in ("session", "upload"):
+                if case in ("session", "upload", "envd"):
                     wait_until(
                         lambda: entry.lease.holders == 1, f"the client's {case} holding the lease", within=30
                     )
