@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import socket
@@ -74,20 +75,31 @@ class Replica:
         self.log.close()
 
 
-@pytest.fixture
-def replicas(tmp_path: Path, postgres_server: Any) -> Iterator[tuple[Replica, Replica, str, str]]:
+Pair = tuple[Replica, Replica, str, str, str]
+
+
+@contextlib.contextmanager
+def _pair(tmp_path: Path, postgres_server: Any, name: str) -> Iterator[Pair]:
+    """Two replicas on one new database; two tokens (``t`` and ``other``) and the database's URL."""
     database = postgres_server.create_database(
-        f"replicas_{os.getpid()}_{tmp_path.name[-12:]}".replace("-", "_")
+        f"{name}_{os.getpid()}_{tmp_path.name[-12:]}".replace("-", "_")
     )
     store = TokenStore(tmp_path / "tokens.json")
     _, secret = store.create("t", Ceiling(max_sandboxes=16, max_memory=64 << 20))
+    _, other = store.create("other", Ceiling(max_sandboxes=4, max_memory=64 << 20))
     first = Replica(database, tmp_path / "tokens.json", tmp_path / "a.log")
     second = Replica(database, tmp_path / "tokens.json", tmp_path / "b.log")
     try:
-        yield first, second, secret, database
+        yield first, second, secret, other, database
     finally:
         first.stop()
         second.stop()
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, postgres_server: Any) -> Iterator[tuple[Replica, Replica, str, str]]:
+    with _pair(tmp_path, postgres_server, "replicas") as (first, second, secret, _, database):
+        yield first, second, secret, database
 
 
 def _containers(docker_client: Any, owner: str) -> list[Any]:
@@ -421,19 +433,8 @@ def test_a_replica_restarted_on_its_host_reconciles_at_once(
 @pytest.fixture
 def foreign(tmp_path: Path, postgres_server: Any) -> Iterator[tuple[Replica, Replica, str, str]]:
     """Two replicas and two tokens: the sandbox's owner and another one."""
-    database = postgres_server.create_database(
-        f"foreign_{os.getpid()}_{tmp_path.name[-12:]}".replace("-", "_")
-    )
-    store = TokenStore(tmp_path / "tokens.json")
-    _, owner = store.create("owner", Ceiling(max_sandboxes=4, max_memory=64 << 20))
-    _, other = store.create("other", Ceiling(max_sandboxes=4, max_memory=64 << 20))
-    first = Replica(database, tmp_path / "tokens.json", tmp_path / "a.log")
-    second = Replica(database, tmp_path / "tokens.json", tmp_path / "b.log")
-    try:
+    with _pair(tmp_path, postgres_server, "foreign") as (first, second, owner, other, _):
         yield first, second, owner, other
-    finally:
-        first.stop()
-        second.stop()
 
 
 def test_the_relay_tells_no_one_but_the_owner_that_a_sandbox_exists(
