@@ -39,13 +39,17 @@ import random
 import selectors
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import percentile, table
 
 from agentnest.server.admission import Admission, Rejected, Resources
 from agentnest.server.tenants import Tenant
+
+if TYPE_CHECKING:
+    from fairness_live import LiveTally
 
 GIB = 1 << 30
 ONE = Resources(1, GIB // 2, 1.0)
@@ -55,6 +59,9 @@ HOLD = (2.0, 4.0)
 THINK = 0.1
 MAX_WAIT = {"polite-a": 60.0, "greedy": 30.0, "polite-c": 60.0}
 WARM = 60.0
+LIVE_SECONDS = 180.0  # --live: wall seconds per capacity, the first LIVE_WARM not counted
+LIVE_WARM = 30.0
+LIVE_REQUESTS = 20000  # --live: creates per capacity at most (the window ends at the last)
 
 
 class _Jump(selectors.DefaultSelector):
@@ -139,8 +146,15 @@ def measure(capacity: int, seconds: float, seed: int) -> tuple[list[list[str]], 
         wall = time.perf_counter() - wall
     finally:
         loop.close()
+    return summarise(capacity, tallies, seconds - WARM, wall)
+
+
+def summarise(
+    capacity: int, tallies: Mapping[str, Tally | LiveTally], counted: float, wall: float
+) -> tuple[list[list[str]], dict[str, Any]]:
+    """The table's rows for one capacity, and its summary (Jain, worst, polite refused)."""
     total_w = sum(WEIGHTS.values())
-    held = sum(t.held for t in tallies.values())
+    held = sum(t.held for t in tallies.values()) or 1.0
     norm = {name: (t.held / held) / (WEIGHTS[name] / total_w) for name, t in tallies.items()}
     jain = sum(norm.values()) ** 2 / (len(norm) * sum(x * x for x in norm.values()))
     rows = []
@@ -166,20 +180,51 @@ def measure(capacity: int, seconds: float, seed: int) -> tuple[list[list[str]], 
         "jain": jain,
         "worst": max(abs(x - 1) for x in norm.values()),
         "polite_refused": sum(sum(t.refused.values()) + t.late for n, t in tallies.items() if n != GREEDY),
-        "used": held / (capacity * (seconds - WARM)),
+        "used": held / (capacity * counted) if counted > 0 else 0.0,
         "wall": wall,
     }
     return rows, summary
 
 
+def _measure_live(
+    capacity: int, seconds: float, seed: int, max_requests: int
+) -> tuple[list[list[str]], dict[str, Any]]:
+    import fairness_live
+
+    load = fairness_live.Load(WEIGHTS, GREEDY, MAX_WAIT, HOLD, THINK)
+    tallies, counted, wall = fairness_live.measure(capacity, seconds, LIVE_WARM, seed, max_requests, load)
+    rows, summary = summarise(capacity, tallies, counted, wall)
+    summary["live"] = fairness_live.describe(tallies) + f", {counted:.0f} s counted"
+    summary["errors"] = sum(sum(t.errors.values()) for t in tallies.values())
+    return rows, summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=900.0, help="simulated seconds per capacity")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        help=f"seconds per capacity: simulated (default 900, the first {WARM:g} not counted), "
+        f"or with --live wall seconds (default {LIVE_SECONDS:g}, the first {LIVE_WARM:g} not counted)",
+    )
     parser.add_argument("--capacities", default="5,6,7,8,10")
     parser.add_argument("--seed", type=int, default=33)
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="against a real `agentnest serve` on loopback, real sandboxes on the Docker engine (runc)",
+    )
+    parser.add_argument(
+        "--max-requests", type=int, default=LIVE_REQUESTS, help="--live: creates per capacity at most"
+    )
     args = parser.parse_args(argv)
-    if not WARM < args.seconds <= 3600:
-        parser.error(f"--seconds must be above {WARM:g} and at most 3600")
+    warm = LIVE_WARM if args.live else WARM
+    if args.seconds is None:
+        args.seconds = LIVE_SECONDS if args.live else 900.0
+    if not warm < args.seconds <= 3600:
+        parser.error(f"--seconds must be above {warm:g} and at most 3600")
+    if not 1 <= args.max_requests <= 10**6:
+        parser.error("--max-requests must be 1 to 1000000")
     header = [
         "cap",
         "tenant",
@@ -197,24 +242,40 @@ def main(argv: list[str] | None = None) -> int:
     for capacity in (int(c) for c in args.capacities.split(",")):
         if not 1 <= capacity <= 100:
             parser.error("capacities must be 1 to 100")
-        got, summary = measure(capacity, args.seconds, args.seed)
+        if args.live:
+            print(
+                f"capacity {capacity}: {args.seconds:g} s on a live server ...", file=sys.stderr, flush=True
+            )
+            got, summary = _measure_live(capacity, args.seconds, args.seed, args.max_requests)
+        else:
+            got, summary = measure(capacity, args.seconds, args.seed)
         rows += got
         summaries.append(summary)
+    if args.live:
+        header[6:8] = ["to 201 p50 s", "to 201 p99 s"]
     print(
         f"Fairness: weights 1:1:2, greedy at 10x its share, holds {HOLD[0]:g}-{HOLD[1]:g} s, "
-        f"{args.seconds:g} simulated s per capacity (first {WARM:g} s not counted)\n"
+        + (
+            f"{args.seconds:g} wall s per capacity on a live server and runc (first {warm:g} s not "
+            "counted; shares from GET /v1/usage)\n"
+            if args.live
+            else f"{args.seconds:g} simulated s per capacity (first {WARM:g} s not counted)\n"
+        )
     )
     print(table(rows))
     print()
     ok = True
     for s in summaries:
-        met = s["worst"] <= 0.05 and s["jain"] >= 0.99 and s["polite_refused"] == 0
+        # Live: a create or delete that failed (not a 429) is a miss too: the server broke.
+        met = s["worst"] <= 0.05 and s["jain"] >= 0.99 and s["polite_refused"] == 0 and not s.get("errors")
         ok = ok and met
         print(
             f"capacity {s['capacity']:>3}: Jain {s['jain']:.4f}, worst {s['worst'] * 100:.1f} % off, "
             f"polite refused {s['polite_refused']}, server used {s['used'] * 100:.1f} %, "
             f"{s['wall']:.1f} s wall  {'ok' if met else 'MISSED'}"
         )
+        if "live" in s:
+            print(f"              {s['live']}")
     print("targets (within 5 %, Jain >= 0.99, no polite create refused):", "met" if ok else "MISSED")
     return 0 if ok else 1
 
