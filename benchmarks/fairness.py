@@ -246,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"capacity {capacity}: {args.seconds:g} s on a live server ...", file=sys.stderr, flush=True
             )
-            got, summary = _measure_live(capacity, args.seconds, args.seed, args.max_requests)
+            try:
+                got, summary = _measure_live(capacity, args.seconds, args.seed, args.max_requests)
+            except KeyboardInterrupt:
+                print("interrupted: the sandboxes are deleted and the server stopped", file=sys.stderr)
+                return 130
         else:
             got, summary = measure(capacity, args.seconds, args.seed)
         rows += got

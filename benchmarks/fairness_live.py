@@ -256,10 +256,18 @@ async def _drive(
     return tallies
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def measure(
     capacity: int, seconds: float, warm: float, seed: int, max_requests: int, load: Load
 ) -> tuple[dict[str, LiveTally], float, float]:
     """Run one capacity; return the tallies, the seconds counted and the wall seconds."""
+    # SIGTERM (and SIGINT, which a shell ignores in a background job) end the run as Ctrl-C
+    # does: the clients are cancelled, the sandboxes deleted, the server stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     wall = time.perf_counter()
     with (
         tempfile.TemporaryDirectory(prefix="agentnest-fairness-") as tmp,
