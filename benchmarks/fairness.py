@@ -26,7 +26,9 @@ Targets: every tenant within 5 % of its weighted share at every capacity, Jain
 
 Run: ``python benchmarks/fairness.py`` (``--seconds``, ``--capacities``,
 ``--seed``).  It imports ``agentnest`` from ``PYTHONPATH``: pointed at an older
-checkout, it measures that one's rule.
+checkout, it measures that one's rule.  ``--live`` (``fairness_live.py``) runs the same
+load against a real ``agentnest serve`` on loopback with real sandboxes (runc): wall seconds,
+not simulated ones, and the shares from the server's ``GET /v1/usage``.
 """
 
 from __future__ import annotations
