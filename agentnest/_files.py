@@ -12,6 +12,7 @@ methods' names and calls these functions with itself (see :class:`Target`).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -231,12 +232,17 @@ def request(core: Target, header: dict[str, Any]) -> dict[str, Any]:
 def _file_info(entry: Any) -> FileInfo:
     try:
         path, kind, size, mode, mtime = entry
+        # The agent runs inside the sandbox: its entries are untrusted, and a negative size, a
+        # mode past 16 bits, a bool for a number or a NaN/infinite time is refused, not shown.
         if not (
             isinstance(path, str)
             and kind in ("file", "dir", "symlink", "other")
-            and isinstance(size, int)
-            and isinstance(mode, int)
-            and isinstance(mtime, (int, float))
+            and type(size) is int
+            and size >= 0
+            and type(mode) is int
+            and 0 <= mode <= 0o177777
+            and type(mtime) in (int, float)
+            and math.isfinite(mtime)
         ):
             raise ValueError
     except (TypeError, ValueError):
