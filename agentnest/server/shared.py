@@ -72,6 +72,9 @@ class SharedAdmission:
         self.refused = 0
         """Grants made here that the database refused (another replica took the room first)."""
         self._released: set[str] = set()
+        # One refresh at a time: a create's refresh and the periodic one both replace this
+        # replica's usage rows (delete, insert), and two at once collide on PostgreSQL's key.
+        self._refreshing = anyio.Lock()
         admission.on_release.append(self._on_release)
 
     def _on_release(self, grant: Grant) -> None:
@@ -104,6 +107,10 @@ class SharedAdmission:
 
     async def refresh(self) -> None:
         """Write this replica's releases and read what the others hold now."""
+        async with self._refreshing:
+            await self._refresh()
+
+    async def _refresh(self) -> None:
         released = list(self._released)
         if released:
             await anyio.to_thread.run_sync(self.database.unhold, released)

@@ -78,3 +78,25 @@ async def test_a_tenant_s_usage_on_another_replica_counts_in_this_replica_s_orde
     await shared.refresh()
     assert "b" in db.usage_elsewhere("there")
     here.withdraw(first)
+
+
+@pytest.mark.anyio
+async def test_refreshes_at_once_do_not_collide(db: Database) -> None:
+    """A create's refresh and the periodic one may run together: both replace this replica's
+    usage rows, and neither fails (PostgreSQL refused the second insert of the same key)."""
+    admission = Admission(Resources(4, 1 << 40, 1e6))
+    shared = SharedAdmission(admission, db, "here")
+    tenants = [Tenant(name, rate=100.0, burst=100) for name in ("a", "b", "c")]
+    for tenant in tenants:
+        grant = await admission.acquire(tenant, ONE, max_wait=0)
+        assert await shared.confirm(grant, tenant) is None
+    await asyncio.sleep(0.05)  # some usage to write: it is the integral of what is held
+
+    async def many() -> None:
+        await asyncio.gather(*(shared.refresh() for _ in range(16)))
+
+    for _ in range(5):
+        await many()
+    with db.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT tenant FROM usage WHERE server = 'here'")).all()
+    assert sorted(r[0] for r in rows) == ["a", "b", "c"]
