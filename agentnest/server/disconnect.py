@@ -18,7 +18,7 @@ after the body waits for that too (Starlette's streaming responses and
 ``Request.is_disconnected`` read it there).  A disconnect after the answer is
 complete is the server's way of saying "done": it cancels nothing.
 
-.. versionadded:: 0.5.0
+.. versionadded:: 0.4.0
 """
 
 from __future__ import annotations
